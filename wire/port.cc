@@ -1,0 +1,324 @@
+// Port base: Endpoint conversions, counters, and the fault-hook path (filter, held queue)
+// shared by UdpPort and MemPort. The unfiltered path is a straight call to *_impl.
+#include "wire/port.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace rnic::wire {
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// ---- Endpoint -------------------------------------------------------------------------
+
+std::optional<Endpoint> Endpoint::parse(std::string_view ip, uint16_t port) {
+  char buf[INET6_ADDRSTRLEN + 1];
+  if (ip.empty() || ip.size() >= sizeof(buf)) return std::nullopt;
+  std::memcpy(buf, ip.data(), ip.size());
+  buf[ip.size()] = '\0';
+  Endpoint e;
+  e.port = port;
+  if (inet_pton(AF_INET, buf, e.addr) == 1) return e;
+  if (inet_pton(AF_INET6, buf, e.addr) == 1) {
+    e.ipv6 = true;
+    return e;
+  }
+  return std::nullopt;
+}
+
+Endpoint Endpoint::v4(uint32_t a, uint16_t port) {
+  Endpoint e;
+  e.addr[0] = uint8_t(a >> 24);
+  e.addr[1] = uint8_t(a >> 16);
+  e.addr[2] = uint8_t(a >> 8);
+  e.addr[3] = uint8_t(a);
+  e.port = port;
+  return e;
+}
+
+bool Endpoint::from_sockaddr(const sockaddr* sa, socklen_t len) {
+  if (sa == nullptr) return false;
+  if (sa->sa_family == AF_INET && len >= socklen_t(sizeof(sockaddr_in))) {
+    const auto* s4 = reinterpret_cast<const sockaddr_in*>(sa);
+    *this = Endpoint{};
+    std::memcpy(addr, &s4->sin_addr, 4);
+    port = ntohs(s4->sin_port);
+    return true;
+  }
+  if (sa->sa_family == AF_INET6 && len >= socklen_t(sizeof(sockaddr_in6))) {
+    const auto* s6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    *this = Endpoint{};
+    port = ntohs(s6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+      std::memcpy(addr, s6->sin6_addr.s6_addr + 12, 4);
+    } else {
+      ipv6 = true;
+      std::memcpy(addr, s6->sin6_addr.s6_addr, 16);
+    }
+    return true;
+  }
+  return false;
+}
+
+socklen_t Endpoint::to_sockaddr(sockaddr_storage* ss) const {
+  std::memset(ss, 0, sizeof(*ss));
+  if (!ipv6) {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    std::memcpy(&s4->sin_addr, addr, 4);
+    return sizeof(sockaddr_in);
+  }
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(ss);
+  s6->sin6_family = AF_INET6;
+  s6->sin6_port = htons(port);
+  std::memcpy(&s6->sin6_addr, addr, 16);
+  return sizeof(sockaddr_in6);
+}
+
+std::string Endpoint::ip_string() const {
+  char buf[INET6_ADDRSTRLEN] = {};
+  inet_ntop(ipv6 ? AF_INET6 : AF_INET, addr, buf, sizeof(buf));
+  return buf;
+}
+
+std::string Endpoint::to_string() const {
+  std::string ip = ip_string();
+  if (ipv6) return "[" + ip + "]:" + std::to_string(port);
+  return ip + ":" + std::to_string(port);
+}
+
+// ---- Port -----------------------------------------------------------------------------
+
+PortCounters Port::counters() const {
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  PortCounters c;
+  c.tx_packets = ld(ctr_.tx_packets);
+  c.tx_bytes = ld(ctr_.tx_bytes);
+  c.tx_errors = ld(ctr_.tx_errors);
+  c.rx_packets = ld(ctr_.rx_packets);
+  c.rx_bytes = ld(ctr_.rx_bytes);
+  c.rx_truncated = ld(ctr_.rx_truncated);
+  c.rx_dropped = ld(ctr_.rx_dropped);
+  c.unknown_dst = ld(ctr_.unknown_dst);
+  c.filter_dropped = ld(ctr_.filter_dropped);
+  c.filter_duplicated = ld(ctr_.filter_duplicated);
+  c.filter_delayed = ld(ctr_.filter_delayed);
+  return c;
+}
+
+bool Port::set_filter(PacketFilter* f) {
+  if constexpr (!kFaultInjection) {
+    (void)f;
+    return false;
+  }
+  filter_.store(f, std::memory_order_release);
+  return true;
+}
+
+int Port::send_batch(std::span<const TxDesc> pkts) {
+  if constexpr (kFaultInjection) {
+    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    if (f != nullptr) return send_filtered(f, pkts);
+  }
+  return send_impl(pkts);
+}
+
+int Port::recv_batch(std::span<RxDesc> descs) {
+  if constexpr (kFaultInjection) {
+    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    // Held packets can outlive the filter's removal: keep draining them.
+    if (f != nullptr || held_count() != 0) return recv_filtered(f, descs);
+  }
+  return recv_impl(descs);
+}
+
+size_t Port::held_count() const {
+  std::lock_guard lk(held_mu_);
+  return held_.size();
+}
+
+uint64_t Port::next_held_deadline_ns() const {
+  std::lock_guard lk(held_mu_);
+  uint64_t best = 0;
+  for (const Held& h : held_) {
+    if (best == 0 || h.due_ns < best) best = h.due_ns;
+  }
+  return best;
+}
+
+int Port::release_held() {
+  // Pop due tx packets under the lock, send them outside it (send_impl may block).
+  std::vector<Held> due;
+  {
+    std::lock_guard lk(held_mu_);
+    uint64_t now = monotonic_ns();
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->dir == Direction::kTx && it->due_ns <= now) {
+        due.push_back(std::move(*it));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Held& h : due) {
+    TxDesc d{h.dst, h.bytes.data(), uint32_t(h.bytes.size()), 0};
+    send_impl(std::span<const TxDesc>(&d, 1));
+  }
+  return int(due.size());
+}
+
+// Fault mode: every datagram (every GSO segment) is copied, filtered and sent alone.
+// Allocation and locking are acceptable here; this path exists only with a filter.
+int Port::send_filtered(PacketFilter* f, std::span<const TxDesc> pkts) {
+  release_held();
+  thread_local std::vector<uint8_t> scratch;
+  const Endpoint& src = local();
+  for (const TxDesc& d : pkts) {
+    uint32_t seg = d.gso_size != 0 ? d.gso_size : d.len;
+    if (seg == 0) seg = 1;  // zero-length datagram: one iteration
+    for (uint32_t off = 0; off < d.len || (off == 0 && d.len == 0); off += seg) {
+      uint32_t n = std::min(seg, d.len - off);
+      scratch.assign(d.data + off, d.data + off + n);
+      FilterOut out;
+      out.len = n;
+      Verdict v = f->on_packet(Direction::kTx, src, d.dst, std::span<uint8_t>(scratch), out);
+      uint32_t len = std::min(out.len, n);
+      TxDesc one{d.dst, scratch.data(), len, 0};
+      switch (v) {
+        case Verdict::kPass:
+          send_impl(std::span<const TxDesc>(&one, 1));
+          break;
+        case Verdict::kDrop:
+          bump(ctr_.filter_dropped);
+          break;
+        case Verdict::kDuplicate:
+          bump(ctr_.filter_duplicated, out.copies);
+          for (unsigned i = 0; i <= out.copies; ++i) send_impl(std::span<const TxDesc>(&one, 1));
+          break;
+        case Verdict::kDelay: {
+          bump(ctr_.filter_delayed);
+          std::lock_guard lk(held_mu_);
+          held_.push_back(Held{monotonic_ns() + uint64_t(out.delay_us) * 1000, Direction::kTx, src,
+                               d.dst, std::vector<uint8_t>(scratch.begin(), scratch.begin() + len)});
+          break;
+        }
+      }
+      if (d.len == 0) break;
+    }
+  }
+  return int(pkts.size());
+}
+
+// Fault mode receive: due held rx packets first, then fresh datagrams, each filtered.
+// Coalesced (GRO) buffers are split into one descriptor per datagram when there is
+// room, else the extra segments are held and come out of the next call.
+int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
+  size_t n = 0;
+  {
+    std::lock_guard lk(held_mu_);
+    uint64_t now = monotonic_ns();
+    for (auto it = held_.begin(); it != held_.end() && n < descs.size();) {
+      if (it->dir == Direction::kRx && it->due_ns <= now) {
+        RxDesc& r = descs[n++];
+        uint32_t len = uint32_t(it->bytes.size());
+        r.truncated = len > r.cap;
+        r.len = std::min(len, r.cap);
+        std::memcpy(r.buf, it->bytes.data(), r.len);
+        r.src = it->src;
+        r.dst = it->dst;
+        r.ip_id = 0;
+        r.seg_size = 0;
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (n == descs.size()) return int(n);
+  int got = recv_impl(descs.subspan(n));
+  if (got < 0) return n > 0 ? int(n) : got;
+  size_t end = n + size_t(got);
+  size_t w = n;  // write cursor: survivors are compacted to descs[n..w)
+  for (size_t i = n; i < end; ++i) {
+    RxDesc& r = descs[i];
+    bool keep = true;
+    // Split a coalesced buffer: segments after the first go to the held queue (due now)
+    // and come back, filtered, from the next call.
+    if (r.seg_size != 0 && r.seg_size < r.len) {
+      std::lock_guard lk(held_mu_);
+      uint64_t now = monotonic_ns();
+      for (uint32_t off = r.seg_size; off < r.len; off += r.seg_size) {
+        uint32_t m = std::min<uint32_t>(r.seg_size, r.len - off);
+        std::vector<uint8_t> bytes(r.buf + off, r.buf + off + m);
+        uint64_t due = now;
+        if (f != nullptr) {
+          FilterOut out;
+          out.len = m;
+          Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(bytes), out);
+          bytes.resize(std::min(out.len, m));
+          if (v == Verdict::kDrop) {
+            bump(ctr_.filter_dropped);
+            continue;
+          }
+          if (v == Verdict::kDelay) {
+            bump(ctr_.filter_delayed);
+            due += uint64_t(out.delay_us) * 1000;
+          }
+          if (v == Verdict::kDuplicate) {
+            bump(ctr_.filter_duplicated, out.copies);
+            for (unsigned c = 0; c < out.copies; ++c) held_.push_back(Held{now, Direction::kRx, r.src, r.dst, bytes});
+          }
+        }
+        // Held segments were filtered already; they are delivered as they are.
+        held_.push_back(Held{due, Direction::kRx, r.src, r.dst, std::move(bytes)});
+      }
+      r.len = std::min<uint32_t>(r.seg_size, r.len);
+      r.seg_size = 0;
+    }
+    if (f != nullptr) {
+      FilterOut out;
+      out.len = r.len;
+      Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf, r.len), out);
+      r.len = std::min(out.len, r.len);
+      std::lock_guard lk(held_mu_);
+      switch (v) {
+        case Verdict::kPass:
+          break;
+        case Verdict::kDrop:
+          bump(ctr_.filter_dropped);
+          keep = false;
+          break;
+        case Verdict::kDuplicate:
+          bump(ctr_.filter_duplicated, out.copies);
+          for (unsigned c = 0; c < out.copies; ++c) {
+            held_.push_back(Held{monotonic_ns(), Direction::kRx, r.src, r.dst,
+                                 std::vector<uint8_t>(r.buf, r.buf + r.len)});
+          }
+          break;
+        case Verdict::kDelay:
+          bump(ctr_.filter_delayed);
+          held_.push_back(Held{monotonic_ns() + uint64_t(out.delay_us) * 1000, Direction::kRx, r.src,
+                               r.dst, std::vector<uint8_t>(r.buf, r.buf + r.len)});
+          keep = false;
+          break;
+      }
+    }
+    if (keep) {
+      if (w != i) std::swap(descs[w], descs[i]);
+      ++w;
+    }
+  }
+  return int(w);
+}
+
+}  // namespace rnic::wire
