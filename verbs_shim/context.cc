@@ -1,0 +1,257 @@
+// Context plumbing: fills every ops slot of ibv_context and verbs_context, completion
+// channels (eventfd + FIFO of fired CQs), async events, and the fork-support verbs.
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "verbs_shim/ops.h"
+#include "verbs_shim/shim.h"
+
+namespace rnic::shim {
+
+void fill_ops(Context* ctx) {
+  ibv_context_ops& o = ctx->vctx_.context.ops;
+  // Pointers of the obsolete slots: code built against current headers never calls them,
+  // but they point at a harmless stub rather than NULL.
+  o._compat_query_device = uns_compat_query_device;
+  o._compat_query_port = uns_compat_query_port;
+  o._compat_alloc_pd = uns_compat_void;
+  o._compat_dealloc_pd = uns_compat_void;
+  o._compat_reg_mr = uns_compat_void;
+  o._compat_rereg_mr = uns_compat_void;
+  o._compat_dereg_mr = uns_compat_void;
+  o.alloc_mw = op_alloc_mw;
+  o.bind_mw = op_bind_mw;
+  o.dealloc_mw = op_dealloc_mw;
+  o._compat_create_cq = uns_compat_void;
+  o.poll_cq = op_poll_cq;
+  o.req_notify_cq = op_req_notify_cq;
+  o._compat_cq_event = uns_compat_void;
+  o._compat_resize_cq = uns_compat_void;
+  o._compat_destroy_cq = uns_compat_void;
+  o._compat_create_srq = uns_compat_void;
+  o._compat_modify_srq = uns_compat_void;
+  o._compat_query_srq = uns_compat_void;
+  o._compat_destroy_srq = uns_compat_void;
+  o.post_srq_recv = op_post_srq_recv;
+  o._compat_create_qp = uns_compat_void;
+  o._compat_query_qp = uns_compat_void;
+  o._compat_modify_qp = uns_compat_void;
+  o._compat_destroy_qp = uns_compat_void;
+  o.post_send = op_post_send;
+  o.post_recv = op_post_recv;
+  o._compat_create_ah = uns_compat_void;
+  o._compat_destroy_ah = uns_compat_void;
+  o._compat_attach_mcast = uns_compat_void;
+  o._compat_detach_mcast = uns_compat_void;
+  o._compat_async_event = uns_compat_void;
+
+  verbs_context& v = ctx->vctx_;
+  v.query_port = op_query_port;
+  v.advise_mr = uns_advise_mr;
+  v.alloc_null_mr = uns_alloc_null_mr;
+  v.read_counters = uns_read_counters;
+  v.attach_counters_point_flow = uns_attach_counters_point_flow;
+  v.create_counters = uns_create_counters;
+  v.destroy_counters = uns_destroy_counters;
+  v.reg_dm_mr = uns_reg_dm_mr;
+  v.alloc_dm = uns_alloc_dm;
+  v.free_dm = uns_free_dm;
+  v.modify_flow_action_esp = uns_modify_flow_action_esp;
+  v.destroy_flow_action = uns_destroy_flow_action;
+  v.create_flow_action_esp = uns_create_flow_action_esp;
+  v.modify_qp_rate_limit = uns_modify_qp_rate_limit;
+  v.alloc_parent_domain = uns_alloc_parent_domain;
+  v.dealloc_td = uns_dealloc_td;
+  v.alloc_td = uns_alloc_td;
+  v.modify_cq = uns_modify_cq;
+  v.post_srq_ops = uns_post_srq_ops;
+  v.destroy_rwq_ind_table = uns_destroy_rwq_ind_table;
+  v.create_rwq_ind_table = uns_create_rwq_ind_table;
+  v.destroy_wq = uns_destroy_wq;
+  v.modify_wq = uns_modify_wq;
+  v.create_wq = uns_create_wq;
+  v.query_rt_values = op_query_rt_values;
+  v.create_cq_ex = op_create_cq_ex;
+  v.priv = nullptr;
+  v.query_device_ex = op_query_device_ex;
+  v.ibv_destroy_flow = uns_destroy_flow;
+  v.ABI_placeholder2 = uns_abi_placeholder;
+  v.ibv_create_flow = uns_create_flow;
+  v.ABI_placeholder1 = uns_abi_placeholder;
+  v.open_qp = uns_open_qp;
+  v.create_qp_ex = op_create_qp_ex;
+  v.get_srq_num = op_get_srq_num;
+  v.create_srq_ex = op_create_srq_ex;
+  v.open_xrcd = uns_open_xrcd;
+  v.close_xrcd = uns_close_xrcd;  // non-NULL: ibv_close_xrcd calls it unchecked
+  v._ABI_placeholder3 = 0;
+}
+
+void CompChannel::notify(ibv_cq* cq) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fired_.push_back(cq);
+  }
+  uint64_t one = 1;
+  ssize_t r = write(ch_.fd, &one, sizeof one);
+  (void)r;
+}
+
+void CompChannel::forget(ibv_cq* cq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fired_.erase(std::remove(fired_.begin(), fired_.end(), cq), fired_.end());
+}
+
+}  // namespace rnic::shim
+
+using namespace rnic::shim;
+
+// ---------------------------------------------------------------------------------------
+// Completion channels.
+
+SHIM_EXPORT struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context* context) {
+  return guard_ptr<ibv_comp_channel>([&]() -> ibv_comp_channel* {
+    if (context == nullptr) return static_cast<ibv_comp_channel*>(null_errno(EINVAL));
+    auto* ch = new CompChannel();
+    ch->ch_.context = context;
+    ch->ch_.refcnt = 0;
+    // Semaphore mode: each read() consumes exactly one queued CQ event.
+    ch->ch_.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (ch->ch_.fd < 0) {
+      int e = errno;
+      delete ch;
+      return static_cast<ibv_comp_channel*>(null_errno(e));
+    }
+    return &ch->ch_;
+  });
+}
+
+SHIM_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel* channel) {
+  if (channel == nullptr) return EINVAL;
+  CompChannel* ch = to_channel(channel);
+  {
+    std::lock_guard<std::mutex> lk(ch->mu_);
+    if (ch->ch_.refcnt != 0) return EBUSY;  // CQs still use it (rdma-core: EBUSY)
+  }
+  close(ch->ch_.fd);
+  delete ch;
+  return 0;
+}
+
+SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq** cq,
+                                 void** cq_context) {
+  if (channel == nullptr || cq == nullptr || cq_context == nullptr) {
+    errno = EINVAL;
+    return -1;
+  }
+  CompChannel* ch = to_channel(channel);
+  uint64_t v = 0;
+  // A real read: blocks, or fails with EAGAIN when the app set O_NONBLOCK.
+  if (read(ch->ch_.fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;
+  std::lock_guard<std::mutex> lk(ch->mu_);
+  if (ch->fired_.empty()) {
+    // The CQ was destroyed after firing; report nothing rather than a dangling pointer.
+    errno = EAGAIN;
+    return -1;
+  }
+  ibv_cq* c = ch->fired_.front();
+  ch->fired_.pop_front();
+  *cq = c;
+  *cq_context = c->cq_context;
+  return 0;
+}
+
+SHIM_EXPORT void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
+  if (cq == nullptr) return;
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+// ---------------------------------------------------------------------------------------
+// Async events.
+
+SHIM_EXPORT int ibv_get_async_event(struct ibv_context* context, struct ibv_async_event* event) {
+  if (context == nullptr || event == nullptr) {
+    errno = EINVAL;
+    return -1;
+  }
+  Context* ctx = to_ctx(context);
+  uint64_t v = 0;
+  if (read(context->async_fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;
+  std::lock_guard<std::mutex> lk(ctx->async_mu_);
+  if (ctx->async_q_.empty()) {
+    errno = EAGAIN;
+    return -1;
+  }
+  *event = ctx->async_q_.front();
+  ctx->async_q_.pop_front();
+  return 0;
+}
+
+SHIM_EXPORT void ibv_ack_async_event(struct ibv_async_event* event) {
+  if (event == nullptr) return;
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR: {
+      ibv_cq* cq = event->element.cq;
+      if (cq == nullptr) return;
+      pthread_mutex_lock(&cq->mutex);
+      ++cq->async_events_completed;
+      pthread_cond_signal(&cq->cond);
+      pthread_mutex_unlock(&cq->mutex);
+      return;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      ibv_qp* qp = event->element.qp;
+      if (qp == nullptr) return;
+      pthread_mutex_lock(&qp->mutex);
+      ++qp->events_completed;
+      pthread_cond_signal(&qp->cond);
+      pthread_mutex_unlock(&qp->mutex);
+      return;
+    }
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      ibv_srq* srq = event->element.srq;
+      if (srq == nullptr) return;
+      pthread_mutex_lock(&srq->mutex);
+      ++srq->events_completed;
+      pthread_cond_signal(&srq->cond);
+      pthread_mutex_unlock(&srq->mutex);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fork support: softrnic never pins pages in a kernel, so fork is always safe.
+
+SHIM_EXPORT int ibv_fork_init(void) { return 0; }
+
+SHIM_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+
+SHIM_EXPORT int ibv_dontfork_range(void* base, size_t size) {
+  (void)base;
+  (void)size;
+  return 0;
+}
+
+SHIM_EXPORT int ibv_dofork_range(void* base, size_t size) {
+  (void)base;
+  (void)size;
+  return 0;
+}

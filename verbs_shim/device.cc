@@ -1,0 +1,520 @@
+// Device enumeration and queries: ibv_get_device_list and friends, ibv_open_device /
+// ibv_close_device, device/port/GID/P_Key queries, and the sysfs helpers.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "verbs_shim/host.h"
+#include "verbs_shim/shim.h"
+
+#undef ibv_query_port
+
+// Prototypes rdma-core keeps in <infiniband/driver.h>, which Debian does not install.
+enum ibv_gid_type_sysfs { IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2 };
+SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num,
+                                   unsigned int index, enum ibv_gid_type_sysfs* type);
+SHIM_EXPORT const char* ibv_get_sysfs_path(void);
+SHIM_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size);
+
+namespace rnic::shim {
+namespace {
+
+std::mutex g_dev_mu;
+DeviceEntry g_dev;
+bool g_dev_init = false;
+bool g_dev_ok = false;
+
+uint64_t guid_from_name(const std::string& name) {
+  // FNV-1a of the name, made a locally administered EUI-64 (0x02 in the first byte).
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  h = (h & 0x0000ffffffffffffull) | 0x0200000000000000ull;
+  return h;
+}
+
+// REQUIRES: g_dev_mu held.
+void init_device_locked() {
+  if (g_dev_init) return;
+  g_dev_init = true;
+  std::string name;
+  std::string err;
+  if (!parse_name(&name, &err)) {
+    log_error("%s; no device is listed", err.c_str());
+    g_dev_ok = false;
+    return;
+  }
+  std::memset(&g_dev.dev_, 0, sizeof g_dev.dev_);
+  g_dev.dev_.node_type = IBV_NODE_CA;
+  g_dev.dev_.transport_type = IBV_TRANSPORT_IB;
+  std::snprintf(g_dev.dev_.name, sizeof g_dev.dev_.name, "%s", name.c_str());
+  std::snprintf(g_dev.dev_.dev_name, sizeof g_dev.dev_.dev_name, "uverbs0");
+  std::string root = sysfs_root();
+  std::snprintf(g_dev.dev_.dev_path, sizeof g_dev.dev_.dev_path,
+                "%s/class/infiniband_verbs/uverbs0", root.c_str());
+  std::snprintf(g_dev.dev_.ibdev_path, sizeof g_dev.dev_.ibdev_path, "%s/class/infiniband/%s",
+                root.c_str(), name.c_str());
+  g_dev.node_guid_be_ = htobe64(guid_from_name(name));
+  g_dev.index_ = 0;
+  g_dev_ok = true;
+}
+
+}  // namespace
+
+std::string sysfs_root() {
+  const char* p = std::getenv("SYSFS_PATH");
+  if (p != nullptr && *p != '\0') {
+    std::string s(p);
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  }
+  return "/sys";
+}
+
+DeviceEntry* device_lookup(ibv_device* dev) {
+  std::lock_guard<std::mutex> lk(g_dev_mu);
+  init_device_locked();
+  if (g_dev_ok && dev == &g_dev.dev_) return &g_dev;
+  return nullptr;
+}
+
+int device_list_snapshot(DeviceEntry** out, int max) {
+  std::lock_guard<std::mutex> lk(g_dev_mu);
+  init_device_locked();
+  if (!g_dev_ok || max < 1) return 0;
+  out[0] = &g_dev;
+  return 1;
+}
+
+void Context::post_async(const ibv_async_event& ev) {
+  {
+    std::lock_guard<std::mutex> lk(async_mu_);
+    async_q_.push_back(ev);
+  }
+  uint64_t one = 1;
+  ssize_t r = write(vctx_.context.async_fd, &one, sizeof one);
+  (void)r;
+}
+
+}  // namespace rnic::shim
+
+using namespace rnic::shim;
+
+// ---------------------------------------------------------------------------------------
+// Enumeration.
+
+SHIM_EXPORT struct ibv_device** ibv_get_device_list(int* num_devices) {
+  DeviceEntry* devs[4];
+  int n = device_list_snapshot(devs, 4);
+  // Never NULL: an empty, NULL-terminated list when there are no devices.
+  auto** list = static_cast<ibv_device**>(std::calloc(static_cast<size_t>(n) + 1, sizeof(ibv_device*)));
+  if (list == nullptr) {
+    errno = ENOMEM;
+    if (num_devices) *num_devices = 0;
+    return nullptr;
+  }
+  for (int i = 0; i < n; ++i) list[i] = &devs[i]->dev_;
+  if (num_devices) *num_devices = n;
+  return list;
+}
+
+SHIM_EXPORT void ibv_free_device_list(struct ibv_device** list) { std::free(list); }
+
+SHIM_EXPORT const char* ibv_get_device_name(struct ibv_device* device) {
+  if (device == nullptr) return nullptr;
+  return device->name;
+}
+
+SHIM_EXPORT __be64 ibv_get_device_guid(struct ibv_device* device) {
+  DeviceEntry* d = device_lookup(device);
+  return d ? d->node_guid_be_ : 0;
+}
+
+SHIM_EXPORT int ibv_get_device_index(struct ibv_device* device) {
+  DeviceEntry* d = device_lookup(device);
+  return d ? d->index_ : -1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Open / close.
+
+SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
+  return guard_ptr<ibv_context>([&]() -> ibv_context* {
+    DeviceEntry* d = device_lookup(device);
+    if (d == nullptr) return static_cast<ibv_context*>(null_errno(ENODEV));
+    Host* host = nullptr;
+    int rc = host_acquire(d, &host);
+    if (rc != 0) return static_cast<ibv_context*>(null_errno(rc));
+    auto* ctx = new (std::nothrow) Context();
+    if (ctx == nullptr) {
+      host_release(host);
+      return static_cast<ibv_context*>(null_errno(ENOMEM));
+    }
+    std::memset(&ctx->vctx_, 0, sizeof ctx->vctx_);
+    ctx->dev_ = d;
+    ctx->host_ = host;
+    ibv_context* ic = from_ctx(ctx);
+    ic->device = &d->dev_;
+    ic->cmd_fd = -1;
+    ic->async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (ic->async_fd < 0) {
+      int e = errno;
+      delete ctx;
+      host_release(host);
+      return static_cast<ibv_context*>(null_errno(e));
+    }
+    // cmd_fd: some consumers (ibv_import_device, pyverbs) read it; give a harmless real fd.
+    ic->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    ic->num_comp_vectors = 1;
+    pthread_mutex_init(&ic->mutex, nullptr);
+    ic->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    ctx->vctx_.sz = sizeof(verbs_context);
+    fill_ops(ctx);
+    return ic;
+  });
+}
+
+SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
+  if (context == nullptr) return EINVAL;
+  Context* ctx = to_ctx(context);
+  if (context->async_fd >= 0) close(context->async_fd);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
+  pthread_mutex_destroy(&context->mutex);
+  Host* host = ctx->host_;
+  delete ctx;
+  host_release(host);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Queries.
+
+SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr) {
+  if (context == nullptr || attr == nullptr) return EINVAL;
+  fill_device_attr(to_ctx(context), attr);
+  return 0;
+}
+
+// Exported ibv_query_port receives the pre-v17 struct: write only the first 48 bytes
+// (everything up to and including `flags`), as rdma-core does.
+SHIM_EXPORT int ibv_query_port(struct ibv_context* context, uint8_t port_num,
+                               struct _compat_ibv_port_attr* port_attr) {
+  if (context == nullptr || port_attr == nullptr) return EINVAL;
+  if (port_num != 1) return EINVAL;
+  ibv_port_attr full;
+  fill_port_attr(to_ctx(context), &full);
+  std::memcpy(port_attr, &full, offsetof(ibv_port_attr, port_cap_flags2));
+  return 0;
+}
+
+SHIM_EXPORT int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int index,
+                              union ibv_gid* gid) {
+  if (context == nullptr || gid == nullptr || index < 0) return -1;
+  int type = 0;
+  if (!query_gid(to_ctx(context), port_num, static_cast<uint32_t>(index), gid, &type)) return -1;
+  return 0;
+}
+
+SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num,
+                                   unsigned int index, enum ibv_gid_type_sysfs* type) {
+  if (context == nullptr || type == nullptr) return EINVAL;
+  ibv_gid g;
+  int t = 0;
+  if (!query_gid(to_ctx(context), port_num, index, &g, &t)) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = (t == IBV_GID_TYPE_ROCE_V2) ? IBV_GID_TYPE_SYSFS_ROCE_V2 : IBV_GID_TYPE_SYSFS_IB_ROCE_V1;
+  return 0;
+}
+
+SHIM_EXPORT int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num,
+                                  uint32_t gid_index, struct ibv_gid_entry* entry, uint32_t flags,
+                                  size_t entry_size) {
+  if (context == nullptr || entry == nullptr) return EINVAL;
+  if (flags != 0) return EINVAL;
+  if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  ibv_gid g;
+  int t = 0;
+  if (port_num != 1) return EINVAL;
+  if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t)) return ENODATA;
+  ibv_gid_entry e{};
+  e.gid = g;
+  e.gid_index = gid_index;
+  e.port_num = port_num;
+  e.gid_type = static_cast<uint32_t>(t);
+  e.ndev_ifindex = 1;  // loopback-class netdev
+  std::memset(entry, 0, entry_size);
+  std::memcpy(entry, &e, sizeof e);
+  return 0;
+}
+
+SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv_gid_entry* entries,
+                                         size_t max_entries, uint32_t flags, size_t entry_size) {
+  if (context == nullptr || (entries == nullptr && max_entries != 0)) return -EINVAL;
+  if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  ibv_port_attr pa;
+  fill_port_attr(to_ctx(context), &pa);
+  size_t n = 0;
+  for (uint32_t i = 0; i < static_cast<uint32_t>(pa.gid_tbl_len); ++i) {
+    ibv_gid g;
+    int t = 0;
+    if (!query_gid(to_ctx(context), 1, i, &g, &t)) continue;
+    bool zero = true;
+    for (unsigned char b : g.raw) zero = zero && b == 0;
+    if (zero) continue;
+    if (n >= max_entries) return -EINVAL;
+    auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + n * entry_size);
+    std::memset(e, 0, entry_size);
+    e->gid = g;
+    e->gid_index = i;
+    e->port_num = 1;
+    e->gid_type = static_cast<uint32_t>(t);
+    e->ndev_ifindex = 1;
+    ++n;
+  }
+  return static_cast<ssize_t>(n);
+}
+
+SHIM_EXPORT int ibv_query_pkey(struct ibv_context* context, uint8_t port_num, int index,
+                               __be16* pkey) {
+  if (context == nullptr || pkey == nullptr || port_num != 1) return -1;
+  if (index != 0) return -1;
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+SHIM_EXPORT int ibv_get_pkey_index(struct ibv_context* context, uint8_t port_num, __be16 pkey) {
+  if (context == nullptr || port_num != 1) return -EINVAL;
+  if ((be16toh(pkey) & 0x7fff) == 0x7fff) return 0;
+  return -ENOENT;
+}
+
+// ---------------------------------------------------------------------------------------
+// sysfs. The shim answers the attribute files of its own device itself (ibv_devinfo reads
+// board_id, fw_ver ...); anything else is read from the real tree under sysfs_root().
+
+namespace {
+
+bool virtual_sysfs(const std::string& dir, const std::string& file, std::string* out) {
+  DeviceEntry* devs[4];
+  int n = device_list_snapshot(devs, 4);
+  for (int i = 0; i < n; ++i) {
+    ibv_device& d = devs[i]->dev_;
+    std::string ib = d.ibdev_path;
+    std::string uv = d.dev_path;
+    if (dir == ib || dir == ib + "/") {
+      if (file == "board_id") *out = "SOFTRNIC_0001\n";
+      else if (file == "fw_ver") *out = "0.1.0\n";
+      else if (file == "hw_rev") *out = "0\n";
+      else if (file == "hca_type") *out = "softrnic\n";
+      else if (file == "node_type") *out = "1: CA\n";
+      else if (file == "node_desc") *out = std::string(d.name) + "\n";
+      else if (file == "ports/1/gid_attrs/types/0") *out = "RoCE v2\n";
+      else if (file == "ports/1/state") *out = "4: ACTIVE\n";
+      else if (file == "ports/1/link_layer") *out = "Ethernet\n";
+      else if (file == "ports/1/phys_state") *out = "5: LinkUp\n";
+      else return false;
+      return true;
+    }
+    if (dir == uv || dir == uv + "/") {
+      if (file == "ibdev") *out = std::string(d.name) + "\n";
+      else if (file == "abi_version") *out = "1\n";
+      else if (file == "dev") *out = "231:192\n";
+      else return false;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+SHIM_EXPORT const char* ibv_get_sysfs_path(void) {
+  static std::string* path = new std::string(sysfs_root());
+  return path->c_str();
+}
+
+SHIM_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
+  if (dir == nullptr || file == nullptr || buf == nullptr || size == 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  std::string v;
+  try {
+    if (virtual_sysfs(dir, file, &v)) {
+      size_t len = v.size() < size - 1 ? v.size() : size - 1;
+      std::memcpy(buf, v.data(), len);
+      buf[len] = '\0';
+      if (len > 0 && buf[len - 1] == '\n') buf[--len] = '\0';
+      return static_cast<int>(len);
+    }
+    std::string path = std::string(dir) + "/" + file;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t len = read(fd, buf, size);
+    int e = errno;
+    close(fd);
+    if (len < 0) {
+      errno = e;
+      return -1;
+    }
+    if (static_cast<size_t>(len) == size) len = static_cast<ssize_t>(size) - 1;
+    buf[len] = '\0';
+    if (len > 0 && buf[len - 1] == '\n') buf[--len] = '\0';
+    return static_cast<int>(len);
+  } catch (...) {
+    errno = ENOMEM;
+    return -1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attributes. Values are rxe-like (rxe_param.h); limits the engine enforces come from it.
+
+namespace rnic::shim {
+
+void fill_device_attr(Context* ctx, ibv_device_attr* a) {
+  std::memset(a, 0, sizeof *a);
+  std::snprintf(a->fw_ver, sizeof a->fw_ver, "0.1.0");
+  a->node_guid = ctx->dev_->node_guid_be_;
+  a->sys_image_guid = ctx->dev_->node_guid_be_;
+  a->max_mr_size = ~0ull;
+  a->page_size_cap = 0xfffff000u;
+  a->vendor_id = 0xffffff;  // rxe's; not Mellanox/EFA/Chelsio/Intel, so perftest says UNKNOWN
+  a->vendor_part_id = 0;
+  a->hw_ver = 0;
+  a->max_qp = 0x10000;
+  a->max_qp_wr = 0x4000;
+  a->device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR |
+                        IBV_DEVICE_AUTO_PATH_MIG | IBV_DEVICE_CHANGE_PHY_PORT |
+                        IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                        IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
+                        IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_MGT_EXTENSIONS |
+                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+  a->max_sge = 32;
+  a->max_sge_rd = 32;
+  a->max_cq = 16384;
+  a->max_cqe = 32767;
+  a->max_mr = 0x40000;
+  a->max_pd = 0x10000;
+  a->max_qp_rd_atom = 128;
+  a->max_ee_rd_atom = 0;
+  a->max_res_rd_atom = 0x3f000;
+  a->max_qp_init_rd_atom = 128;
+  a->max_ee_init_rd_atom = 0;
+  a->atomic_cap = IBV_ATOMIC_HCA;
+  a->max_ee = 0;
+  a->max_rdd = 0;
+  a->max_mw = 0x10000;
+  a->max_raw_ipv6_qp = 0;
+  a->max_raw_ethy_qp = 0;
+  a->max_mcast_grp = 0;
+  a->max_mcast_qp_attach = 0;
+  a->max_total_mcast_qp_attach = 0;
+  a->max_ah = 32767;
+  a->max_fmr = 0;
+  a->max_map_per_fmr = 0;
+  a->max_srq = 0x4000;
+  a->max_srq_wr = 0x4000;
+  a->max_srq_sge = 27;
+  a->max_pkeys = 1;
+  a->local_ca_ack_delay = 15;
+  a->phys_port_cnt = 1;
+}
+
+static ibv_mtu mtu_enum(uint32_t bytes) {
+  switch (bytes) {
+    case 256: return IBV_MTU_256;
+    case 512: return IBV_MTU_512;
+    case 1024: return IBV_MTU_1024;
+    case 2048: return IBV_MTU_2048;
+    default: return IBV_MTU_4096;
+  }
+}
+
+void fill_port_attr(Context* ctx, ibv_port_attr* p) {
+  std::memset(p, 0, sizeof *p);
+  p->state = IBV_PORT_ACTIVE;
+  p->max_mtu = IBV_MTU_4096;
+  p->active_mtu = mtu_enum(ctx->host_ ? ctx->host_->active_mtu_ : 4096);
+  p->gid_tbl_len = 16;
+  p->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+  p->max_msg_sz = 0x800000;
+  p->bad_pkey_cntr = 0;
+  p->qkey_viol_cntr = 0;
+  p->pkey_tbl_len = 1;
+  p->lid = 0;
+  p->sm_lid = 0;
+  p->lmc = 0;
+  p->max_vl_num = 1;
+  p->sm_sl = 0;
+  p->subnet_timeout = 0;
+  p->init_type_reply = 0;
+  p->active_width = 2;   // 4X
+  p->active_speed = 32;  // EDR (25 Gb/s per lane) -> "100 Gb/s" class
+  p->phys_state = 5;     // LinkUp
+  p->link_layer = IBV_LINK_LAYER_ETHERNET;
+  p->flags = 0;
+  p->port_cap_flags2 = 0;
+}
+
+// GID index 0 is the device's IPv4-mapped RoCEv2 GID (::ffff:a.b.c.d); others are empty.
+bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type) {
+  if (port != 1 || index >= 16) return false;
+  std::memset(gid, 0, sizeof *gid);
+  *type = IBV_GID_TYPE_ROCE_V2;
+  if (index == 0 && ctx->host_ != nullptr) {
+    gid->raw[10] = 0xff;
+    gid->raw[11] = 0xff;
+    std::memcpy(&gid->raw[12], &ctx->host_->ip_.s_addr, 4);
+  }
+  return true;
+}
+
+int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
+  if (context == nullptr || attr == nullptr) return EINVAL;
+  if (port != 1) return EINVAL;
+  ibv_port_attr full;
+  fill_port_attr(to_ctx(context), &full);
+  size_t n = attr_len < sizeof full ? attr_len : sizeof full;
+  std::memcpy(attr, &full, n);
+  return 0;
+}
+
+int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in,
+                       ibv_device_attr_ex* attr, size_t attr_size) {
+  if (context == nullptr || attr == nullptr) return EINVAL;
+  if (in != nullptr && in->comp_mask != 0) return EINVAL;
+  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  ibv_device_attr_ex full;
+  std::memset(&full, 0, sizeof full);
+  fill_device_attr(to_ctx(context), &full.orig_attr);
+  full.comp_mask = 0;
+  // Completion timestamps are nanoseconds of CLOCK_MONOTONIC: a 1 GHz "core clock".
+  full.completion_timestamp_mask = ~0ull;
+  full.hca_core_clock = 1000000;  // kHz
+  full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
+  full.phys_port_cnt_ex = 1;
+  size_t n = attr_size < sizeof full ? attr_size : sizeof full;
+  std::memcpy(attr, &full, n);
+  return 0;
+}
+
+int op_query_rt_values(ibv_context* context, ibv_values_ex* values) {
+  if (context == nullptr || values == nullptr) return EINVAL;
+  if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK)) return EINVAL;
+  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+    clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+  }
+  return 0;
+}
+
+}  // namespace rnic::shim
