@@ -16,10 +16,9 @@
 #include <string_view>
 #include <vector>
 
-namespace rnic::wire {
+#include "wire/hdr.h"  // kRoceUdpPort (4791)
 
-// RoCEv2 UDP destination port (IANA).
-inline constexpr uint16_t kRoceUdpPort = 4791;
+namespace rnic::wire {
 
 // True when the fault hooks are compiled in (meson option fault_injection; wire_dep
 // passes -DSOFTRNIC_FAULTS=1 to every user so the header agrees across libraries).
