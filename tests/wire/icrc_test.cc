@@ -1,0 +1,292 @@
+// Tests for CRC-32 implementations and the RoCEv2 ICRC: known answers (CRC-32 check value,
+// a ConnectX-4 Lx CNP capture, scapy.contrib.roce-computed packets), the socket fast form,
+// masked-field invariance and the IP-ID solver.
+#include "wire/icrc.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "wire/byteorder.h"
+#include "wire/packet.h"
+
+namespace rnic::wire {
+namespace {
+
+std::vector<uint8_t> from_hex(const std::string& h) {
+  std::vector<uint8_t> v;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) {
+    v.push_back(static_cast<uint8_t>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  }
+  return v;
+}
+
+const Crc32Impl kImpls[] = {Crc32Impl::kZlib, Crc32Impl::kIsal, Crc32Impl::kSlice8};
+
+TEST(Crc32Test, CheckValueAllImpls) {
+  const std::string s = "123456789";
+  std::span<const uint8_t> d(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  for (Crc32Impl impl : kImpls) {
+    if (!crc32_impl_available(impl)) continue;
+    EXPECT_EQ(crc32_update(impl, 0, d), 0xcbf43926u) << crc32_impl_name(impl);
+    EXPECT_EQ(crc32_update(impl, 0, {}), 0u) << crc32_impl_name(impl);
+  }
+  EXPECT_EQ(crc32_update(0, d), 0xcbf43926u);
+}
+
+TEST(Crc32Test, IsalIsCompiledIn) {
+#ifdef SOFTRNIC_HAVE_ISAL
+  EXPECT_TRUE(crc32_impl_available(Crc32Impl::kIsal));
+#else
+  GTEST_SKIP() << "built without ISA-L";
+#endif
+}
+
+TEST(Crc32Test, ImplsAgreeOnAllLengthsAlignmentsAndChaining) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> buf(5000 + 16);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t len : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 255, 256,
+                     257, 1000, 1024, 4096, 5000}) {
+    for (size_t align = 0; align < 8; ++align) {
+      std::span<const uint8_t> d(buf.data() + align, len);
+      uint32_t ref = crc32_update(Crc32Impl::kZlib, 0, d);
+      for (Crc32Impl impl : kImpls) {
+        if (!crc32_impl_available(impl)) continue;
+        EXPECT_EQ(crc32_update(impl, 0, d), ref) << crc32_impl_name(impl) << " len " << len;
+        size_t cut = len / 3;
+        uint32_t c = crc32_update(impl, 0xdeadbeef, d.first(cut));
+        c = crc32_update(impl, c, d.subspan(cut));
+        EXPECT_EQ(c, crc32_update(Crc32Impl::kZlib, 0xdeadbeef, d)) << crc32_impl_name(impl);
+      }
+    }
+  }
+}
+
+// The CNP frame "RoCE CNP captured on ConnectX-4 Lx" (scapy test/contrib/roce.uts, also the
+// one-frame golden pcap), from the IPv4 header on: 20 IP (TOS 0xc2, ID 0x718c, DF) + 8 UDP +
+// 12 BTH (BECN, QP 0x118) + 16 reserved + ICRC 82 fd 00 2a on the wire.
+const char kCnpIpHex[] =
+    "45c2003c718c4000401191610a0011010a001201000012b700280000" "8100ffff40000118"
+    "00000000" "00000000000000000000000000000000" "82fd002a";
+
+TEST(IcrcTest, CnpCaptureKnownAnswer) {
+  std::vector<uint8_t> ip = from_hex(kCnpIpHex);
+  ASSERT_EQ(ip.size(), 60u);
+  EXPECT_EQ(icrc_compute(ip), 0x2a00fd82u);  // LE bytes 82 fd 00 2a
+  EXPECT_TRUE(icrc_check(ip));
+  PacketView v;
+  IpUdpMeta m;
+  ASSERT_EQ(parse_ip_datagram(ip, &v, &m, true), ParseError::kOk);
+  EXPECT_EQ(m.ip_id, 0x718c);
+  // The fast form needs the sender's IP ID; with 0 it fails and the solver finds it.
+  auto roce = v.roce_span();
+  EXPECT_TRUE(icrc_check(m, roce));
+  IpUdpMeta zero = m;
+  zero.ip_id = 0;
+  EXPECT_FALSE(icrc_check(zero, roce));
+  auto id = icrc_solve_ip_id(zero, roce);
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(*id, 0x718c);
+}
+
+// Datagrams built by softrnic whose ICRC was recomputed independently by scapy.contrib.roce
+// (BTH.compute_icrc, IPv4 only): /usr/bin/python3, IP(bytes) -> BTH(icrc=None) -> raw().
+struct ScapyVector {
+  const char* name;
+  const char* hex;
+  uint32_t icrc;
+};
+const ScapyVector kScapy[] = {
+    {"rc_send_only",
+     "45000038000040004011b746c0a8010ac0a80114c12312b7002400000410ffff0000001180000abc68656c6c"
+     "6f20726f6365210077b74f8c",
+     0x8c4fb777},
+    {"rc_write_only_imm",
+     "45000050000040004011b72ec0a8010ac0a80114c12312b7003c00000b80ffff00abcdef00fffffe00007f00"
+     "12345678deadbeef000000100102030400112233445566778899aabbccddeeff85b2aa95",
+     0x95aab285},
+    {"ud_send_only_id1234_tos2_ttl3",
+     "4502003c123440000311e20cc0a8010ac0a80114c12312b7002800006430ffff000000010000000711111111"
+     "0000002200112233440000009d9b214f",
+     0x4f219b9d},
+};
+
+TEST(IcrcTest, ScapyKnownAnswers) {
+  for (const auto& v : kScapy) {
+    std::vector<uint8_t> ip = from_hex(v.hex);
+    EXPECT_EQ(icrc_compute(ip), v.icrc) << v.name;
+    EXPECT_TRUE(icrc_check(ip)) << v.name;
+    // Our builder produces exactly these bytes.
+    PacketView pv;
+    IpUdpMeta m;
+    ASSERT_EQ(parse_ip_datagram(ip, &pv, &m, true), ParseError::kOk) << v.name;
+    PacketFields f = pv.fields();
+    std::vector<uint8_t> out(ip.size() + 16);
+    size_t n = build_ip_datagram(out, f, pv.payload_span(), m);
+    ASSERT_EQ(n, ip.size());
+    EXPECT_EQ(0, std::memcmp(out.data(), ip.data(), n)) << v.name;
+  }
+}
+
+IpUdpMeta test_meta(bool v6) {
+  IpUdpMeta m;
+  m.ipv6 = v6;
+  for (int i = 0; i < 16; ++i) {
+    m.src[i] = static_cast<uint8_t>(0x10 + i);
+    m.dst[i] = static_cast<uint8_t>(0xa0 + i);
+  }
+  m.src_port = 0xc0de;
+  m.dst_port = kRoceUdpPort;
+  m.tos = 0x48;
+  m.ttl = 17;
+  m.flow_label = 0xabcde;
+  return m;
+}
+
+TEST(IcrcTest, FastFormEqualsDatagramForm) {
+  std::vector<uint8_t> payload(777);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
+  for (bool v6 : {false, true}) {
+    for (uint16_t id : {0, 1, 0xbeef}) {
+      IpUdpMeta m = test_meta(v6);
+      m.ip_id = id;
+      PacketFields f;
+      f.opcode = op::kRcRdmaWriteFirst;
+      f.dest_qp = 0x123;
+      f.psn = 99;
+      f.fecn = true;
+      std::vector<uint8_t> buf(2048);
+      size_t n = build_ip_datagram(buf, f, payload, m);
+      ASSERT_GT(n, 0u);
+      std::span<const uint8_t> ip(buf.data(), n);
+      size_t hl = (v6 ? kIpv6HdrBytes : kIpv4HdrBytes) + kUdpHdrBytes;
+      auto roce = ip.subspan(hl);
+      EXPECT_EQ(icrc_compute(ip), icrc_compute(m, roce.first(roce.size() - kIcrcBytes)));
+      EXPECT_TRUE(icrc_check(ip));
+      EXPECT_TRUE(icrc_check(m, roce));
+      // The fast form covers the addresses, ports and (v4) the ID.
+      IpUdpMeta other = m;
+      other.src_port ^= 1;
+      EXPECT_FALSE(icrc_check(other, roce));
+      other = m;
+      other.dst[3] ^= 0x80;
+      EXPECT_FALSE(icrc_check(other, roce));
+      if (!v6) {
+        other = m;
+        other.ip_id ^= 0x100;
+        EXPECT_FALSE(icrc_check(other, roce));
+        other = m;
+        other.df = !m.df;
+        EXPECT_FALSE(icrc_check(other, roce));
+      }
+      // ...but not TOS/TTL/flow label.
+      other = m;
+      other.tos = 0;
+      other.ttl = 1;
+      other.flow_label = 0;
+      EXPECT_TRUE(icrc_check(other, roce));
+    }
+  }
+}
+
+TEST(IcrcTest, Ipv6MaskedFieldsIgnored) {
+  IpUdpMeta m = test_meta(true);
+  PacketFields f;
+  f.opcode = op::kUdSendOnlyWithImm;
+  f.qkey = 0x11111111;
+  std::vector<uint8_t> buf(256);
+  const uint8_t pl[3] = {1, 2, 3};
+  size_t n = build_ip_datagram(buf, f, pl, m);
+  ASSERT_EQ(n, 40u + 8 + 24 + 4 + 4);
+  std::span<uint8_t> ip(buf.data(), n);
+  ASSERT_TRUE(icrc_check(ip));
+  ip[0] ^= 0x0f;  // traffic class high nibble
+  ip[1] ^= 0xff;  // traffic class low nibble + flow label
+  ip[2] ^= 0xff;
+  ip[3] ^= 0xff;
+  ip[7] ^= 0xff;                // hop limit
+  ip[40 + 6] ^= 0xff;           // UDP checksum
+  ip[40 + 8 + 4] ^= 0xff;       // BTH byte 4
+  EXPECT_TRUE(icrc_check(ip));
+  ip[0] ^= 0x10;  // version: covered
+  EXPECT_FALSE(icrc_check(ip));
+  ip[0] ^= 0x10;
+  ip[4] ^= 0x01;  // payload length: covered
+  EXPECT_FALSE(icrc_check(ip));
+}
+
+TEST(IcrcTest, MalformedDatagramsDoNotVerify) {
+  EXPECT_FALSE(icrc_check(std::span<const uint8_t>()));
+  std::vector<uint8_t> small(20, 0x45);
+  EXPECT_FALSE(icrc_check(small));
+  EXPECT_EQ(icrc_compute(small), 0u);
+  std::vector<uint8_t> bad_version(100, 0);
+  bad_version[0] = 0x55;
+  EXPECT_FALSE(icrc_check(bad_version));
+  std::vector<uint8_t> bad_ihl(100, 0);
+  bad_ihl[0] = 0x4f;  // IHL 60: header + UDP + BTH + ICRC does not fit in 80 bytes
+  bad_ihl.resize(80);
+  EXPECT_FALSE(icrc_check(bad_ihl));
+  uint8_t bth[4] = {};
+  EXPECT_FALSE(icrc_check(IpUdpMeta{}, bth));
+}
+
+TEST(IcrcTest, SolveIpIdRecoversPeerId) {
+  IpUdpMeta m = test_meta(false);
+  m.ip_id = 0x5a3c;
+  PacketFields f;
+  f.opcode = op::kRcSendOnly;
+  f.dest_qp = 0x42;
+  std::vector<uint8_t> payload(100, 0x33);
+  std::vector<uint8_t> roce(256);
+  size_t n = build_roce(roce, f, payload, m);
+  ASSERT_GT(n, 0u);
+  std::span<const uint8_t> r(roce.data(), n);
+  IpUdpMeta rx = m;
+  rx.ip_id = 0;  // what the receiver assumes
+  EXPECT_FALSE(icrc_check(rx, r));
+  auto id = icrc_solve_ip_id(rx, r);
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(*id, 0x5a3c);
+  // ID 0 packets are accepted directly.
+  m.ip_id = 0;
+  n = build_roce(roce, f, payload, m);
+  id = icrc_solve_ip_id(rx, {roce.data(), n});
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(*id, 0);
+}
+
+TEST(IcrcTest, SolveIpIdRejectsCorruption) {
+  IpUdpMeta m = test_meta(false);
+  PacketFields f;
+  f.opcode = op::kRcSendOnly;
+  std::vector<uint8_t> payload(64, 0x11);
+  std::vector<uint8_t> roce(256);
+  size_t n = build_roce(roce, f, payload, m);
+  int solved = 0;
+  // 64 different single-bit corruptions: with 16 unknowns and 32 equations an accidental
+  // solution has probability 2^-16 each; these fixed cases have none.
+  for (size_t bit = 0; bit < 64; ++bit) {
+    std::vector<uint8_t> bad(roce.begin(), roce.begin() + n);
+    bad[20 + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    if (icrc_solve_ip_id(m, bad).has_value()) ++solved;
+  }
+  EXPECT_EQ(solved, 0);
+  IpUdpMeta v6 = test_meta(true);
+  n = build_roce(roce, f, payload, v6);
+  EXPECT_TRUE(icrc_solve_ip_id(v6, {roce.data(), n}).has_value());
+  roce[30] ^= 1;
+  EXPECT_FALSE(icrc_solve_ip_id(v6, {roce.data(), n}).has_value());
+}
+
+TEST(IcrcTest, DefaultImplIsAvailable) {
+  EXPECT_TRUE(crc32_impl_available(crc32_default_impl()));
+  EXPECT_NE(std::string(crc32_impl_name(crc32_default_impl())), "?");
+}
+
+}  // namespace
+}  // namespace rnic::wire
