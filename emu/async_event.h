@@ -44,6 +44,7 @@ class AsyncEventQueue {
   // blocking fd -> waits; non-blocking fd and none queued -> Errc::kAgain.
   Status get(AsyncEvent* out);
   // Non-blocking take regardless of the fd's flags (tests, the daemon). kAgain if empty.
+  // Do not race it with a concurrent blocking get() on the same queue.
   Status try_get(AsyncEvent* out);
   size_t pending() const;
   uint64_t dropped() const;

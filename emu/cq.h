@@ -123,6 +123,7 @@ class Cq : public std::enable_shared_from_this<Cq> {
 
  private:
   friend class Device;
+  friend class CompChannel;
   void maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire);
   Device* dev_;
   uint32_t handle_;

@@ -16,6 +16,18 @@
 namespace rnic::emu {
 
 class Device;
+class Mw;
+
+// Internal: the bind/invalidate paths' access to Mr and Mw internals (defined in mw.cc).
+struct MwOps {
+  static void bound_inc(Mr& mr);
+  static void bound_dec(Mr& mr);
+  // Drop the window's binding. REQUIRES: mw's lock held.
+  static void unbind_locked(Mw& mw);
+  static WcStatus bind(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo& b,
+                       uint32_t* out_rkey);
+  static bool invalidate(Device& dev, const Pd* qp_pd, uint32_t rkey);
+};
 
 // kFree: type 2 after alloc/invalidate (bindable). kValid: type 1 always (bound or not;
 // length 0 = unbound), type 2 while bound. kInvalid: deallocated.

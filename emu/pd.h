@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "emu/status.h"
 #include "emu/wqe.h"
 
 namespace rnic::emu {
@@ -26,6 +27,7 @@ class Pd {
   void* user_context = nullptr;  // free for the shim
 
  private:
+  friend class Device;
   Device* dev_;
   uint32_t handle_;
   std::atomic<uint32_t> users_{0};
@@ -67,6 +69,7 @@ class Ah {
   void* user_context = nullptr;
 
  private:
+  friend class Device;
   Device* dev_;
   uint32_t handle_;
   std::shared_ptr<Pd> pd_;

@@ -76,6 +76,9 @@ class KeyTable {
   // Which kind a live key names (kNone if not live).
   KeyKind kind_of(uint32_t key) const;
 
+  // Drop every live key (Device::close). Retired secure handles stay retired.
+  void clear();
+
   size_t live_mrs() const;
   size_t live_mws() const;
   bool secure() const { return opt_.secure; }
