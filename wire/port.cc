@@ -136,18 +136,17 @@ int Port::recv_batch(std::span<RxDesc> descs) {
   if constexpr (kFaultInjection) {
     PacketFilter* f = filter_.load(std::memory_order_acquire);
     // Held packets can outlive the filter's removal: keep draining them.
-    if (f != nullptr || held_count() != 0) return recv_filtered(f, descs);
+    if (f != nullptr || held_n_.load(std::memory_order_acquire) != 0) {
+      return recv_filtered(f, descs);
+    }
   }
   return recv_impl(descs);
 }
 
-size_t Port::held_count() const {
-  std::lock_guard lk(held_mu_);
-  return held_.size();
-}
+size_t Port::held_count() const { return held_n_.load(std::memory_order_acquire); }
 
 uint64_t Port::next_held_deadline_ns() const {
-  std::lock_guard lk(held_mu_);
+  std::lock_guard<std::mutex> lk(held_mu_);
   uint64_t best = 0;
   for (const Held& h : held_) {
     if (best == 0 || h.due_ns < best) best = h.due_ns;
@@ -159,7 +158,7 @@ int Port::release_held() {
   // Pop due tx packets under the lock, send them outside it (send_impl may block).
   std::vector<Held> due;
   {
-    std::lock_guard lk(held_mu_);
+    HeldLock lk(*this);
     uint64_t now = monotonic_ns();
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->dir == Direction::kTx && it->due_ns <= now) {
@@ -207,7 +206,7 @@ int Port::send_filtered(PacketFilter* f, std::span<const TxDesc> pkts) {
           break;
         case Verdict::kDelay: {
           bump(ctr_.filter_delayed);
-          std::lock_guard lk(held_mu_);
+          HeldLock lk(*this);
           held_.push_back(Held{monotonic_ns() + uint64_t(out.delay_us) * 1000, Direction::kTx, src,
                                d.dst, std::vector<uint8_t>(scratch.begin(), scratch.begin() + len)});
           break;
@@ -225,7 +224,7 @@ int Port::send_filtered(PacketFilter* f, std::span<const TxDesc> pkts) {
 int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
   size_t n = 0;
   {
-    std::lock_guard lk(held_mu_);
+    HeldLock lk(*this);
     uint64_t now = monotonic_ns();
     for (auto it = held_.begin(); it != held_.end() && n < descs.size();) {
       if (it->dir == Direction::kRx && it->due_ns <= now) {
@@ -255,7 +254,7 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
     // Split a coalesced buffer: segments after the first go to the held queue (due now)
     // and come back, filtered, from the next call.
     if (r.seg_size != 0 && r.seg_size < r.len) {
-      std::lock_guard lk(held_mu_);
+      HeldLock lk(*this);
       uint64_t now = monotonic_ns();
       for (uint32_t off = r.seg_size; off < r.len; off += r.seg_size) {
         uint32_t m = std::min<uint32_t>(r.seg_size, r.len - off);
@@ -290,7 +289,7 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
       out.len = r.len;
       Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf, r.len), out);
       r.len = std::min(out.len, r.len);
-      std::lock_guard lk(held_mu_);
+      HeldLock lk(*this);
       switch (v) {
         case Verdict::kPass:
           break;

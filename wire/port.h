@@ -213,7 +213,9 @@ class Port {
   // packets now (they are also released at the start of every send_batch; due rx
   // packets come out of recv_batch). next_held_deadline_ns() is CLOCK_MONOTONIC ns of
   // the earliest held packet, or 0 if none (for the progress thread's timerfd).
-  // held_count() is the number held.
+  // held_count() is the number held. Held rx packets do NOT make wait_fd readable: a
+  // progress loop must also wake at next_held_deadline_ns() while held_count() != 0.
+  // Tx packets still held when the filter is removed go out only via release_held().
   int release_held();
   uint64_t next_held_deadline_ns() const;
   size_t held_count() const;
@@ -245,9 +247,19 @@ class Port {
     Endpoint src, dst;
     std::vector<uint8_t> bytes;
   };
+  // Locks held_mu_ and, on scope exit, publishes held_.size() to held_n_ so the receive
+  // path can test "anything held?" without taking the mutex.
+  struct HeldLock {
+    explicit HeldLock(Port& p) : port(p), lk(p.held_mu_) {}
+    ~HeldLock() { port.held_n_.store(port.held_.size(), std::memory_order_release); }
+    Port& port;
+    std::lock_guard<std::mutex> lk;
+  };
+
   std::atomic<PacketFilter*> filter_{nullptr};
   mutable std::mutex held_mu_;
   std::deque<Held> held_;  // fault mode only; allocation is acceptable there
+  std::atomic<size_t> held_n_{0};
 };
 
 // Monotonic clock in nanoseconds (CLOCK_MONOTONIC), used for held-packet deadlines.
