@@ -24,7 +24,8 @@ std::vector<uint8_t> from_hex(const std::string& h) {
   return v;
 }
 
-const Crc32Impl kImpls[] = {Crc32Impl::kZlib, Crc32Impl::kIsal, Crc32Impl::kSlice8};
+const Crc32Impl kImpls[] = {Crc32Impl::kZlib, Crc32Impl::kIsal, Crc32Impl::kSlice8,
+                            Crc32Impl::kPclmul};
 
 TEST(Crc32Test, CheckValueAllImpls) {
   const std::string s = "123456789";
@@ -37,20 +38,25 @@ TEST(Crc32Test, CheckValueAllImpls) {
   EXPECT_EQ(crc32_update(0, d), 0xcbf43926u);
 }
 
-TEST(Crc32Test, IsalIsCompiledIn) {
-#ifdef SOFTRNIC_HAVE_ISAL
-  EXPECT_TRUE(crc32_impl_available(Crc32Impl::kIsal));
-#else
-  GTEST_SKIP() << "built without ISA-L";
-#endif
+TEST(Crc32Test, DefaultIsFastestAvailable) {
+  // Benchmark order (tests/bench/icrc_bench): ISA-L > own PCLMUL > zlib ~ slice-by-8.
+  Crc32Impl d = crc32_default_impl();
+  EXPECT_TRUE(crc32_impl_available(d));
+  if (crc32_impl_available(Crc32Impl::kIsal)) {
+    EXPECT_EQ(d, Crc32Impl::kIsal);
+  } else if (crc32_impl_available(Crc32Impl::kPclmul)) {
+    EXPECT_EQ(d, Crc32Impl::kPclmul);
+  }
+  EXPECT_TRUE(crc32_impl_available(Crc32Impl::kZlib));
+  EXPECT_TRUE(crc32_impl_available(Crc32Impl::kSlice8));
 }
 
 TEST(Crc32Test, ImplsAgreeOnAllLengthsAlignmentsAndChaining) {
   std::mt19937 rng(1);
   std::vector<uint8_t> buf(5000 + 16);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
-  for (size_t len : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 255, 256,
-                     257, 1000, 1024, 4096, 5000}) {
+  for (size_t len : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 79, 80, 81, 127,
+                     128, 129, 143, 191, 192, 255, 256, 257, 1000, 1024, 4096, 5000}) {
     for (size_t align = 0; align < 8; ++align) {
       std::span<const uint8_t> d(buf.data() + align, len);
       uint32_t ref = crc32_update(Crc32Impl::kZlib, 0, d);
