@@ -394,9 +394,7 @@ void FaultEngine::release_expired_locked(uint64_t now_ns) {
   slow_all_.store(held_ != 0, std::memory_order_relaxed);
 }
 
-size_t FaultEngine::drain(
-    Direction dir,
-    const std::function<void(const Endpoint&, const Endpoint&, std::span<const uint8_t>)>& fn) {
+size_t FaultEngine::drain(Direction dir, EmitFn fn, void* ctx) {
   size_t n = 0;
   for (;;) {
     Slot* pick = nullptr;
@@ -412,10 +410,11 @@ size_t FaultEngine::drain(
       pick->state = Slot::kDraining;  // ours until freed below; slot memory is stable
     }
     t_emitting = true;
-    fn(pick->src, pick->dst, std::span<const uint8_t>(pick->data, pick->len));
+    fn(ctx, pick->src, pick->dst, std::span<const uint8_t>(pick->data, pick->len));
     t_emitting = false;
     std::lock_guard lk(mu_);
     pick->state = Slot::kFree;
+    live_slots_.fetch_sub(1, std::memory_order_release);
     ++n;
   }
 }
@@ -456,6 +455,7 @@ bool FaultEngine::hold_locked(Direction dir, const Endpoint& src, const Endpoint
     s.remaining = k;
     s.deadline_ns = max_us != 0 ? wire::monotonic_ns() + max_us * 1000 : 0;
     ++held_;
+    live_slots_.fetch_add(1, std::memory_order_release);
     slow_all_.store(true, std::memory_order_relaxed);
     return true;
   }
@@ -489,6 +489,7 @@ bool FaultEngine::inject_nak_locked(RuleState& rs, const FaultAction& a, const P
     s.dst = src;
     s.len = uint32_t(len);
     s.seq = ++slot_seq_;
+    live_slots_.fetch_add(1, std::memory_order_release);
     return true;
   }
   ++ctr_.hold_overflow;

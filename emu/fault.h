@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "emu/fault_rules.h"
@@ -146,9 +147,20 @@ class FaultEngine final : public wire::PacketFilter {
   // one direction, in order: fn(src, dst, bytes). kTx: send to dst (src is this device's
   // endpoint). kRx: process as if received from src. Also releases reorder holds whose
   // max hold time has passed. Returns the number emitted. fn runs outside the engine lock.
-  size_t drain(wire::Direction dir,
-               const std::function<void(const wire::Endpoint& src, const wire::Endpoint& dst,
-                                        std::span<const uint8_t> bytes)>& fn);
+  // Lock-free early out when nothing is pending; the callback is not type-erased on the heap.
+  using EmitFn = void (*)(void* ctx, const wire::Endpoint& src, const wire::Endpoint& dst,
+                          std::span<const uint8_t> bytes);
+  size_t drain(wire::Direction dir, EmitFn fn, void* ctx);
+  template <typename Fn>
+  size_t drain(wire::Direction dir, Fn&& fn) {
+    if (live_slots_.load(std::memory_order_acquire) == 0) return 0;
+    return drain(
+        dir,
+        [](void* c, const wire::Endpoint& s, const wire::Endpoint& d, std::span<const uint8_t> b) {
+          (*static_cast<std::remove_reference_t<Fn>*>(c))(s, d, b);
+        },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
   // CLOCK_MONOTONIC ns of the earliest reorder hold deadline, or 0 if none.
   uint64_t next_deadline_ns() const;
   // Packets waiting in the engine (held or ready to drain).
@@ -205,6 +217,7 @@ class FaultEngine final : public wire::PacketFilter {
   // Quick reject: per direction, the union of the opcodes any rule can match.
   std::atomic<uint64_t> mask_[2][4] = {};
   std::atomic<bool> slow_all_{false};      // something held: every packet must be examined
+  std::atomic<uint32_t> live_slots_{0};    // slots not free (held, ready or draining)
   std::atomic<uint64_t> pkt_index_{0};
 };
 

@@ -684,5 +684,18 @@ TEST_F(FaultEngineTest, ThroughMemPortsWithDrain) {
   e->detach(*pa);
 }
 
+// With -Dfault_injection=false a configured plan must be an error, never silently ignored.
+TEST(FaultEngineCompiledOutTest, ConfiguredPlanIsAnError) {
+  if (wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled in";
+  std::unique_ptr<FaultEngine> e;
+  EXPECT_EQ(FaultEngine::from_values("=> drop", nullptr, nullptr, nullptr, &e),
+            "SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE are set but fault injection is compiled out "
+            "of this build (meson -Dfault_injection=true)");
+  FaultEngine eng;
+  EXPECT_NE(eng.add_rules("=> drop"), "");
+  Pkt p = write_only(1);
+  EXPECT_EQ(run(eng, p), Verdict::kPass);
+}
+
 }  // namespace
 }  // namespace rnic::emu
