@@ -37,7 +37,14 @@
 //            atomic.va atomic.rkey atomic.swap atomic.compare atomicack.orig (orig)
 //            deth.qkey (qkey) deth.srcqp (src_qp) imm ieth.rkey (inv_rkey)
 //            rkey / va: RETH's if present, else AtomicETH's.
-//   A rule matches only packets that carry the headers its actions touch.
+//   Semantics: nth/every count packets that reached the rule and passed its other static keys
+//   (evaluation stops at the first rule that returns a verdict, so later rules do not see that
+//   packet). dup(N) sends N extra copies. reorder(K) holds the packet in the engine until K more
+//   packets of the same direction and QPN have passed (or max=T, default 1ms, 0 = no limit),
+//   then releases it through FaultEngine::drain(). blackhole(T) drops the triggering packet
+//   and, for T, every packet the rule's static keys match. nak/rnr synthesize an ACKNOWLEDGE
+//   toward the sender (QPN from qpn= or the engine's resolver) and drop the original unless
+//   keep. A rule matches only packets that carry the headers its actions touch.
 //   Terminal actions (drop, reorder, blackhole, nak/rnr without keep) must come last; dup and
 //   delay exclude each other and the terminal ones. Defaults: rewrite fixes the ICRC, corrupt
 //   does not (add "fix" / "nofix").
