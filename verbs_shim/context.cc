@@ -91,21 +91,6 @@ void fill_ops(Context* ctx) {
   v._ABI_placeholder3 = 0;
 }
 
-void CompChannel::notify(ibv_cq* cq) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    fired_.push_back(cq);
-  }
-  uint64_t one = 1;
-  ssize_t r = write(ch_.fd, &one, sizeof one);
-  (void)r;
-}
-
-void CompChannel::forget(ibv_cq* cq) {
-  std::lock_guard<std::mutex> lk(mu_);
-  fired_.erase(std::remove(fired_.begin(), fired_.end(), cq), fired_.end());
-}
-
 }  // namespace rnic::shim
 
 using namespace rnic::shim;
@@ -116,30 +101,26 @@ using namespace rnic::shim;
 SHIM_EXPORT struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context* context) {
   return guard_ptr<ibv_comp_channel>([&]() -> ibv_comp_channel* {
     if (context == nullptr) return static_cast<ibv_comp_channel*>(null_errno(EINVAL));
+    auto r = to_ctx(context)->emu_->create_comp_channel();
+    if (!r.has_value()) return static_cast<ibv_comp_channel*>(null_errno(err_of(r.error())));
     auto* ch = new CompChannel();
-    ch->ch_.context = context;
-    ch->ch_.refcnt = 0;
-    // Semaphore mode: each read() consumes exactly one queued CQ event.
-    ch->ch_.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
-    if (ch->ch_.fd < 0) {
-      int e = errno;
-      delete ch;
-      return static_cast<ibv_comp_channel*>(null_errno(e));
-    }
-    return &ch->ch_;
+    ch->emu_ = std::move(r.value());
+    ch->pub_.context = context;
+    ch->pub_.fd = ch->emu_->fd();  // eventfd: readable exactly while an event is queued
+    ch->pub_.refcnt = 0;
+    return &ch->pub_;
   });
 }
 
 SHIM_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel* channel) {
   if (channel == nullptr) return EINVAL;
-  CompChannel* ch = to_channel(channel);
-  {
-    std::lock_guard<std::mutex> lk(ch->mu_);
-    if (ch->ch_.refcnt != 0) return EBUSY;  // CQs still use it (rdma-core: EBUSY)
-  }
-  close(ch->ch_.fd);
-  delete ch;
-  return 0;
+  return guard_int([&] {
+    CompChannel* ch = to_channel(channel);
+    emu::Status st = to_ctx(channel->context)->emu_->destroy_comp_channel(ch->emu_);
+    if (!st.is_ok()) return err_of(st);  // EBUSY while CQs use it
+    delete ch;
+    return 0;
+  });
 }
 
 SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq** cq,
@@ -148,25 +129,30 @@ SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq
     errno = EINVAL;
     return -1;
   }
-  CompChannel* ch = to_channel(channel);
-  uint64_t v = 0;
-  // A real read: blocks, or fails with EAGAIN when the app set O_NONBLOCK.
-  if (read(ch->ch_.fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;
-  std::lock_guard<std::mutex> lk(ch->mu_);
-  if (ch->fired_.empty()) {
-    // The CQ was destroyed after firing; report nothing rather than a dangling pointer.
-    errno = EAGAIN;
+  try {
+    // A real read of the eventfd: blocks, or EAGAIN when the app set O_NONBLOCK.
+    auto r = to_channel(channel)->emu_->get_event();
+    if (!r.has_value()) {
+      errno = err_of(r.error());
+      return -1;
+    }
+    auto* c = static_cast<Cq*>(r.value()->user_context);
+    if (c == nullptr) {
+      errno = EAGAIN;
+      return -1;
+    }
+    *cq = reinterpret_cast<ibv_cq*>(&c->pub_);
+    *cq_context = c->pub_.cq_context;
+    return 0;
+  } catch (...) {
+    errno = ENOMEM;
     return -1;
   }
-  ibv_cq* c = ch->fired_.front();
-  ch->fired_.pop_front();
-  *cq = c;
-  *cq_context = c->cq_context;
-  return 0;
 }
 
 SHIM_EXPORT void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
   if (cq == nullptr) return;
+  to_cq(cq)->emu_->ack_events(nevents);
   pthread_mutex_lock(&cq->mutex);
   cq->comp_events_completed += nevents;
   pthread_cond_signal(&cq->cond);

@@ -29,7 +29,9 @@ DeviceEntry g_dev;
 bool g_dev_init = false;
 bool g_dev_ok = false;
 
-uint64_t guid_from_name(const std::string& name) {
+}  // namespace
+
+uint64_t device_guid(const std::string& name) {
   // FNV-1a of the name, made a locally administered EUI-64 (0x02 in the first byte).
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) {
@@ -39,6 +41,8 @@ uint64_t guid_from_name(const std::string& name) {
   h = (h & 0x0000ffffffffffffull) | 0x0200000000000000ull;
   return h;
 }
+
+namespace {
 
 // REQUIRES: g_dev_mu held.
 void init_device_locked() {
@@ -61,7 +65,7 @@ void init_device_locked() {
                 "%s/class/infiniband_verbs/uverbs0", root.c_str());
   std::snprintf(g_dev.dev_.ibdev_path, sizeof g_dev.dev_.ibdev_path, "%s/class/infiniband/%s",
                 root.c_str(), name.c_str());
-  g_dev.node_guid_be_ = htobe64(guid_from_name(name));
+  g_dev.node_guid_be_ = htobe64(device_guid(name));
   g_dev.index_ = 0;
   g_dev_ok = true;
 }
@@ -160,6 +164,7 @@ SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
     std::memset(&ctx->vctx_, 0, sizeof ctx->vctx_);
     ctx->dev_ = d;
     ctx->host_ = host;
+    ctx->emu_ = host->dev_.get();
     ibv_context* ic = from_ctx(ctx);
     ic->device = &d->dev_;
     ic->cmd_fd = -1;
@@ -172,11 +177,13 @@ SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
     }
     // cmd_fd: some consumers (ibv_import_device, pyverbs) read it; give a harmless real fd.
     ic->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    ic->num_comp_vectors = 1;
+    ic->num_comp_vectors = static_cast<int>(ctx->emu_->attr().num_comp_vectors);
+    if (ic->num_comp_vectors < 1) ic->num_comp_vectors = 1;
     pthread_mutex_init(&ic->mutex, nullptr);
     ic->abi_compat = __VERBS_ABI_IS_EXTENDED;
     ctx->vctx_.sz = sizeof(verbs_context);
     fill_ops(ctx);
+    host_add_context(host, ctx);
     return ic;
   });
 }
@@ -184,6 +191,7 @@ SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
 SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
   if (context == nullptr) return EINVAL;
   Context* ctx = to_ctx(context);
+  host_remove_context(ctx->host_, ctx);
   if (context->async_fd >= 0) close(context->async_fd);
   if (context->cmd_fd >= 0) close(context->cmd_fd);
   pthread_mutex_destroy(&context->mutex);
@@ -377,111 +385,103 @@ SHIM_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf
 }
 
 // ---------------------------------------------------------------------------------------
-// Attributes. Values are rxe-like (rxe_param.h); limits the engine enforces come from it.
+// Attributes: the engine's (emu::Device) values, converted field by field.
 
 namespace rnic::shim {
 
+static_assert(static_cast<int>(emu::AtomicCap::kHca) == IBV_ATOMIC_HCA);
+static_assert(static_cast<int>(emu::Mtu::k4096) == IBV_MTU_4096);
+static_assert(static_cast<int>(emu::PortState::kActive) == IBV_PORT_ACTIVE);
+static_assert(static_cast<int>(emu::GidType::kRoceV2) == IBV_GID_TYPE_ROCE_V2);
+
 void fill_device_attr(Context* ctx, ibv_device_attr* a) {
+  const emu::DeviceAttr& e = ctx->emu_->attr();
   std::memset(a, 0, sizeof *a);
-  std::snprintf(a->fw_ver, sizeof a->fw_ver, "0.1.0");
+  std::snprintf(a->fw_ver, sizeof a->fw_ver, "%s", e.fw_ver.c_str());
+  // The GUID is the device list's (stable before open); emu's is used only if it has one.
   a->node_guid = ctx->dev_->node_guid_be_;
   a->sys_image_guid = ctx->dev_->node_guid_be_;
-  a->max_mr_size = ~0ull;
-  a->page_size_cap = 0xfffff000u;
-  a->vendor_id = 0xffffff;  // rxe's; not Mellanox/EFA/Chelsio/Intel, so perftest says UNKNOWN
-  a->vendor_part_id = 0;
-  a->hw_ver = 0;
-  a->max_qp = 0x10000;
-  a->max_qp_wr = 0x4000;
-  a->device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR |
-                        IBV_DEVICE_AUTO_PATH_MIG | IBV_DEVICE_CHANGE_PHY_PORT |
-                        IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_PORT_ACTIVE_EVENT |
-                        IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
-                        IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_MGT_EXTENSIONS |
-                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
-  a->max_sge = 32;
-  a->max_sge_rd = 32;
-  a->max_cq = 16384;
-  a->max_cqe = 32767;
-  a->max_mr = 0x40000;
-  a->max_pd = 0x10000;
-  a->max_qp_rd_atom = 128;
-  a->max_ee_rd_atom = 0;
-  a->max_res_rd_atom = 0x3f000;
-  a->max_qp_init_rd_atom = 128;
-  a->max_ee_init_rd_atom = 0;
-  a->atomic_cap = IBV_ATOMIC_HCA;
-  a->max_ee = 0;
-  a->max_rdd = 0;
-  a->max_mw = 0x10000;
-  a->max_raw_ipv6_qp = 0;
-  a->max_raw_ethy_qp = 0;
-  a->max_mcast_grp = 0;
-  a->max_mcast_qp_attach = 0;
-  a->max_total_mcast_qp_attach = 0;
-  a->max_ah = 32767;
-  a->max_fmr = 0;
-  a->max_map_per_fmr = 0;
-  a->max_srq = 0x4000;
-  a->max_srq_wr = 0x4000;
-  a->max_srq_sge = 27;
-  a->max_pkeys = 1;
-  a->local_ca_ack_delay = 15;
-  a->phys_port_cnt = 1;
-}
-
-static ibv_mtu mtu_enum(uint32_t bytes) {
-  switch (bytes) {
-    case 256: return IBV_MTU_256;
-    case 512: return IBV_MTU_512;
-    case 1024: return IBV_MTU_1024;
-    case 2048: return IBV_MTU_2048;
-    default: return IBV_MTU_4096;
-  }
+  a->max_mr_size = e.max_mr_size;
+  a->page_size_cap = e.page_size_cap;
+  a->vendor_id = e.vendor_id;
+  a->vendor_part_id = e.vendor_part_id;
+  a->hw_ver = e.hw_ver;
+  a->max_qp = e.max_qp;
+  a->max_qp_wr = e.max_qp_wr;
+  a->device_cap_flags = e.device_cap_flags;
+  a->max_sge = e.max_sge;
+  a->max_sge_rd = e.max_sge_rd;
+  a->max_cq = e.max_cq;
+  a->max_cqe = e.max_cqe;
+  a->max_mr = e.max_mr;
+  a->max_pd = e.max_pd;
+  a->max_qp_rd_atom = e.max_qp_rd_atom;
+  a->max_ee_rd_atom = e.max_ee_rd_atom;
+  a->max_res_rd_atom = e.max_res_rd_atom;
+  a->max_qp_init_rd_atom = e.max_qp_init_rd_atom;
+  a->max_ee_init_rd_atom = e.max_ee_init_rd_atom;
+  a->atomic_cap = static_cast<ibv_atomic_cap>(e.atomic_cap);
+  a->max_ee = e.max_ee;
+  a->max_rdd = e.max_rdd;
+  a->max_mw = e.max_mw;
+  a->max_raw_ipv6_qp = e.max_raw_ipv6_qp;
+  a->max_raw_ethy_qp = e.max_raw_ethy_qp;
+  a->max_mcast_grp = e.max_mcast_grp;
+  a->max_mcast_qp_attach = e.max_mcast_qp_attach;
+  a->max_total_mcast_qp_attach = e.max_total_mcast_qp_attach;
+  a->max_ah = e.max_ah;
+  a->max_fmr = e.max_fmr;
+  a->max_map_per_fmr = e.max_map_per_fmr;
+  a->max_srq = e.max_srq;
+  a->max_srq_wr = e.max_srq_wr;
+  a->max_srq_sge = e.max_srq_sge;
+  a->max_pkeys = e.max_pkeys;
+  a->local_ca_ack_delay = e.local_ca_ack_delay;
+  a->phys_port_cnt = e.phys_port_cnt;
 }
 
 void fill_port_attr(Context* ctx, ibv_port_attr* p) {
   std::memset(p, 0, sizeof *p);
-  p->state = IBV_PORT_ACTIVE;
-  p->max_mtu = IBV_MTU_4096;
-  p->active_mtu = mtu_enum(ctx->host_ ? ctx->host_->active_mtu_ : 4096);
-  p->gid_tbl_len = 16;
-  p->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
-  p->max_msg_sz = 0x800000;
-  p->bad_pkey_cntr = 0;
-  p->qkey_viol_cntr = 0;
-  p->pkey_tbl_len = 1;
-  p->lid = 0;
-  p->sm_lid = 0;
-  p->lmc = 0;
-  p->max_vl_num = 1;
-  p->sm_sl = 0;
-  p->subnet_timeout = 0;
-  p->init_type_reply = 0;
-  p->active_width = 2;   // 4X
-  p->active_speed = 32;  // EDR (25 Gb/s per lane) -> "100 Gb/s" class
-  p->phys_state = 5;     // LinkUp
-  p->link_layer = IBV_LINK_LAYER_ETHERNET;
-  p->flags = 0;
-  p->port_cap_flags2 = 0;
+  auto r = ctx->emu_->query_port(1);
+  if (!r.has_value()) return;
+  const emu::PortAttr& e = r.value();
+  p->state = static_cast<ibv_port_state>(e.state);
+  p->max_mtu = static_cast<ibv_mtu>(e.max_mtu);
+  p->active_mtu = static_cast<ibv_mtu>(e.active_mtu);
+  p->gid_tbl_len = e.gid_tbl_len;
+  p->port_cap_flags = e.port_cap_flags;
+  p->max_msg_sz = e.max_msg_sz;
+  p->bad_pkey_cntr = e.bad_pkey_cntr;
+  p->qkey_viol_cntr = e.qkey_viol_cntr;
+  p->pkey_tbl_len = e.pkey_tbl_len;
+  p->lid = e.lid;
+  p->sm_lid = e.sm_lid;
+  p->lmc = e.lmc;
+  p->max_vl_num = e.max_vl_num;
+  p->sm_sl = e.sm_sl;
+  p->subnet_timeout = e.subnet_timeout;
+  p->init_type_reply = e.init_type_reply;
+  p->active_width = e.active_width;
+  p->active_speed = e.active_speed;
+  p->phys_state = e.phys_state;
+  p->link_layer = e.link_layer;
+  p->flags = e.flags;
+  p->port_cap_flags2 = e.port_cap_flags2;
 }
 
-// GID index 0 is the device's IPv4-mapped RoCEv2 GID (::ffff:a.b.c.d); others are empty.
 bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type) {
-  if (port != 1 || index >= 16) return false;
-  std::memset(gid, 0, sizeof *gid);
-  *type = IBV_GID_TYPE_ROCE_V2;
-  if (index == 0 && ctx->host_ != nullptr) {
-    gid->raw[10] = 0xff;
-    gid->raw[11] = 0xff;
-    std::memcpy(&gid->raw[12], &ctx->host_->ip_.s_addr, 4);
-  }
+  if (port > 255 || index > 0x7fffffffu) return false;
+  auto r = ctx->emu_->query_gid(static_cast<uint8_t>(port), static_cast<int>(index));
+  if (!r.has_value()) return false;
+  std::memcpy(gid->raw, r.value().raw.data(), 16);
+  *type = static_cast<int>(r.value().type);
   return true;
 }
 
 int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
   if (context == nullptr || attr == nullptr) return EINVAL;
-  if (port != 1) return EINVAL;
+  auto r = to_ctx(context)->emu_->query_port(port);
+  if (!r.has_value()) return err_of(r.error());
   ibv_port_attr full;
   fill_port_attr(to_ctx(context), &full);
   size_t n = attr_len < sizeof full ? attr_len : sizeof full;
@@ -498,11 +498,11 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   std::memset(&full, 0, sizeof full);
   fill_device_attr(to_ctx(context), &full.orig_attr);
   full.comp_mask = 0;
-  // Completion timestamps are nanoseconds of CLOCK_MONOTONIC: a 1 GHz "core clock".
+  // Completion timestamps are CLOCK_MONOTONIC nanoseconds: a 1 GHz "core clock".
   full.completion_timestamp_mask = ~0ull;
   full.hca_core_clock = 1000000;  // kHz
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
-  full.phys_port_cnt_ex = 1;
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   size_t n = attr_size < sizeof full ? attr_size : sizeof full;
   std::memcpy(attr, &full, n);
   return 0;

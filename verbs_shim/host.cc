@@ -1,10 +1,14 @@
-// Embedded hosting of the engine: configuration, address choice, start and stop.
+// Embedded hosting of the engine: configuration, address choice, emu::Device and engine
+// start/stop, and the async-event dispatcher thread.
 #include "verbs_shim/host.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -12,11 +16,6 @@
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
-
-struct Host::Impl {
-  int placeholder = 0;
-};
-
 namespace {
 
 std::mutex g_host_mu;
@@ -36,11 +35,80 @@ int probe_bind(in_addr ip) {
   return rc;
 }
 
+std::string ip_str(in_addr ip) {
+  char b[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &ip, b, sizeof b);
+  return b;
+}
+
+// Translates one emu event into the verbs event of the context that owns the object.
+void dispatch(Host* h, emu::AsyncEvent& ev) {
+  ibv_async_event out{};
+  out.event_type = static_cast<ibv_event_type>(ev.type);
+  Context* owner = nullptr;
+  if (ev.qp) {
+    auto* q = static_cast<Qp*>(ev.qp->user_context);
+    if (q == nullptr) return;
+    out.element.qp = &q->pub_.qp_base;
+    owner = to_ctx(q->pub_.qp_base.context);
+  } else if (ev.cq) {
+    auto* c = static_cast<Cq*>(ev.cq->user_context);
+    if (c == nullptr) return;
+    out.element.cq = reinterpret_cast<ibv_cq*>(&c->pub_);
+    owner = to_ctx(c->pub_.context);
+  } else if (ev.srq) {
+    auto* s = static_cast<Srq*>(ev.srq->user_context);
+    if (s == nullptr) return;
+    out.element.srq = &s->pub_;
+    owner = to_ctx(s->pub_.context);
+  } else {
+    out.element.port_num = ev.port_num;
+  }
+  std::lock_guard<std::mutex> lk(h->ctx_mu_);
+  for (Context* c : h->contexts_) {
+    if (owner == nullptr || owner == c) c->post_async(out);
+  }
+}
+
+void dispatcher_main(Host* h) {
+  emu::AsyncEventQueue& q = h->dev_->async_events();
+  for (;;) {
+    pollfd fds[2] = {{q.fd(), POLLIN, 0}, {h->stop_fd_, POLLIN, 0}};
+    int r = poll(fds, 2, -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    emu::AsyncEvent ev;
+    while (q.try_get(&ev).is_ok()) {
+      dispatch(h, ev);
+      ev = emu::AsyncEvent{};
+    }
+  }
+}
+
+int start_device(Host* h) {
+  emu::DeviceConfig dc;
+  dc.name = h->cfg_.name;
+  dc.ip = ip_str(h->ip_);
+  dc.active_mtu = h->cfg_.mtu;
+  auto r = emu::Device::open(dc);
+  if (!r.has_value()) {
+    log_error("cannot open device %s on %s: %s", dc.name.c_str(), dc.ip.c_str(),
+              std::strerror(err_of(r.error())));
+    return err_of(r.error());
+  }
+  h->dev_ = std::move(r.value());
+  // TODO(engine): attach the transports' engine (emu/engine.h) once it lands.
+  return 0;
+}
+
 }  // namespace
 
 int host_acquire(DeviceEntry* dev, Host** out) {
   std::lock_guard<std::mutex> lk(g_host_mu);
-  if (g_host != nullptr && g_host->dev_ == dev) {
+  if (g_host != nullptr && g_host->dev_entry_ == dev) {
     ++g_host->refs_;
     *out = g_host;
     return 0;
@@ -51,58 +119,69 @@ int host_acquire(DeviceEntry* dev, Host** out) {
     log_error("%s; cannot open the device", err.c_str());
     return EINVAL;
   }
-  auto* h = new (std::nothrow) Host();
-  if (h == nullptr) return ENOMEM;
-  h->dev_ = dev;
+  auto h = std::make_unique<Host>();
+  h->dev_entry_ = dev;
   h->cfg_ = cfg;
   int rc = 0;
   if (cfg.ip_set) {
     h->ip_ = cfg.ip;
     rc = probe_bind(cfg.ip);
-    if (rc != 0) {
-      char b[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &cfg.ip, b, sizeof b);
-      log_error("cannot bind UDP %s:4791 (SOFTRNIC_IP): %s", b, std::strerror(rc));
-    }
+    if (rc != 0) log_error("cannot bind UDP %s:4791 (SOFTRNIC_IP): %s", ip_str(cfg.ip).c_str(), std::strerror(rc));
+    if (rc == 0) rc = start_device(h.get());
   } else {
     rc = EADDRINUSE;
     for (uint32_t a = 0x7f000002u; a < 0x7f0000ffu; ++a) {
       in_addr ip;
       ip.s_addr = htonl(a);
       int r = probe_bind(ip);
-      if (r == 0) {
-        h->ip_ = ip;
-        rc = 0;
-        break;
-      }
-      if (r != EADDRINUSE) {
+      if (r == EADDRINUSE) continue;
+      if (r != 0) {
         rc = r;
         break;
       }
+      h->ip_ = ip;
+      rc = start_device(h.get());
+      if (rc != EADDRINUSE) break;  // lost a race for this address: try the next one
     }
-    if (rc != 0) log_error("no free loopback address for UDP 4791 from 127.0.0.2: %s", std::strerror(rc));
+    if (rc == EADDRINUSE) log_error("no free loopback address for UDP 4791 from 127.0.0.2");
   }
-  if (rc != 0) {
-    delete h;
-    return rc;
-  }
-  h->active_mtu_ = cfg.mtu != 0 ? cfg.mtu : 4096;
+  if (rc != 0) return rc;
+  h->stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (h->stop_fd_ < 0) return errno;
+  h->dispatcher_ = std::thread(dispatcher_main, h.get());
   h->refs_ = 1;
-  g_host = h;
-  *out = h;
-  char b[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &h->ip_, b, sizeof b);
-  log_msg(LogLevel::kInfo, "device %s on %s:4791", cfg.name.c_str(), b);
+  g_host = h.release();
+  *out = g_host;
+  log_msg(LogLevel::kInfo, "device %s on %s:4791", cfg.name.c_str(), ip_str(g_host->ip_).c_str());
   return 0;
 }
 
 void host_release(Host* host) {
   if (host == nullptr) return;
-  std::lock_guard<std::mutex> lk(g_host_mu);
-  if (--host->refs_ > 0) return;
-  if (g_host == host) g_host = nullptr;
-  delete host->impl_;
+  {
+    std::lock_guard<std::mutex> lk(g_host_mu);
+    if (--host->refs_ > 0) return;
+    if (g_host == host) g_host = nullptr;
+  }
+  uint64_t one = 1;
+  ssize_t w = write(host->stop_fd_, &one, sizeof one);
+  (void)w;
+  if (host->dispatcher_.joinable()) host->dispatcher_.join();
+  close(host->stop_fd_);
+  host->dev_->close();
+  host->dev_.reset();
   delete host;
+}
+
+void host_add_context(Host* host, Context* ctx) {
+  std::lock_guard<std::mutex> lk(host->ctx_mu_);
+  host->contexts_.push_back(ctx);
+}
+
+void host_remove_context(Host* host, Context* ctx) {
+  std::lock_guard<std::mutex> lk(host->ctx_mu_);
+  auto& v = host->contexts_;
+  v.erase(std::remove(v.begin(), v.end(), ctx), v.end());
 }
 
 }  // namespace rnic::shim

@@ -9,22 +9,30 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <vector>
 
+#include "emu/device.h"
 #include "verbs_shim/config.h"
 
 namespace rnic::shim {
 
 struct DeviceEntry;
+struct Context;
 
-// One running device engine. Fields are written once in host_acquire, then read-only.
+// One running device. Fields other than contexts_ are written once in host_acquire.
 struct Host {
-  DeviceEntry* dev_ = nullptr;
+  DeviceEntry* dev_entry_ = nullptr;
   Config cfg_;
-  in_addr ip_{};           // bound address (network order)
-  uint32_t active_mtu_ = 4096;
-  int refs_ = 0;           // guarded by the host registry mutex
-  struct Impl;             // engine objects (host.cc)
-  Impl* impl_ = nullptr;
+  in_addr ip_{};  // bound address (network order)
+  std::shared_ptr<emu::Device> dev_;
+  int refs_ = 0;  // guarded by the host registry mutex
+  // Async events: a dispatcher thread moves emu's device-wide events into the owning
+  // context's queue (port events go to every context).
+  std::mutex ctx_mu_;
+  std::vector<Context*> contexts_;
+  int stop_fd_ = -1;
+  std::thread dispatcher_;
 };
 
 // Starts (or references) the engine of `dev`. Returns 0 or a positive errno; a bad
@@ -32,5 +40,8 @@ struct Host {
 int host_acquire(DeviceEntry* dev, Host** out);
 // Drops one reference; the last one stops the engine. Null-safe.
 void host_release(Host* host);
+// Context registration for async-event dispatch. Thread-safe.
+void host_add_context(Host* host, Context* ctx);
+void host_remove_context(Host* host, Context* ctx);
 
 }  // namespace rnic::shim

@@ -1,5 +1,6 @@
 // Internal objects of the verbs shim: each public rdma-core struct is the FIRST member of
-// a shim object, so the pointer handed to the application converts back with a cast.
+// a shim object that also holds the emu object behind it, so the pointer handed to the
+// application converts back with a cast, and emu objects point back via user_context.
 // Contract: nothing here is exported; only functions marked SHIM_EXPORT and listed in
 // exports.map leave the library. No C++ exception may escape an exported function.
 #pragma once
@@ -15,19 +16,19 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "emu/device.h"
 #include "verbs_shim/config.h"
 
 // Marks a function that leaves the library (the version script still decides the node).
 #define SHIM_EXPORT extern "C" __attribute__((visibility("default")))
 
-namespace rnic::emu {
-class Device;
-}
-
 namespace rnic::shim {
 
-struct Host;  // the embedded engine of one device in this process (host.cc)
+namespace emu = rnic::emu;
+
+struct Host;  // the embedded engine of one device in this process (host.h)
 
 // ---------------------------------------------------------------------------------------
 // Device: `struct ibv_device` followed by a verbs_device-like tail. The real libmlx5 and
@@ -47,20 +48,7 @@ static_assert(offsetof(DeviceEntry, verbs_device_ops_) == sizeof(ibv_device));
 DeviceEntry* device_lookup(ibv_device* dev);  // nullptr if not ours
 int device_list_snapshot(DeviceEntry** out, int max);
 std::string sysfs_root();  // $SYSFS_PATH or "/sys"
-
-// ---------------------------------------------------------------------------------------
-// Completion channel: an eventfd (semaphore mode) plus a FIFO of CQs that fired.
-// ibv_get_cq_event reads the fd first, so O_NONBLOCK set by the app is honoured.
-struct CompChannel {
-  ibv_comp_channel ch_;
-  std::mutex mu_;
-  std::deque<ibv_cq*> fired_;
-  // Queues one event for `cq` and makes the fd readable. Thread-safe.
-  void notify(ibv_cq* cq);
-  // Removes queued events of `cq` (on destroy). Thread-safe.
-  void forget(ibv_cq* cq);
-};
-inline CompChannel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<CompChannel*>(c); }
+uint64_t device_guid(const std::string& name);  // host order
 
 // ---------------------------------------------------------------------------------------
 // Context: a whole `struct verbs_context` (its last member is the ibv_context we return,
@@ -69,6 +57,7 @@ struct Context {
   verbs_context vctx_;
   DeviceEntry* dev_ = nullptr;
   Host* host_ = nullptr;  // shared engine, refcounted
+  emu::Device* emu_ = nullptr;  // == host_->dev_.get()
   std::mutex async_mu_;
   std::deque<ibv_async_event> async_q_;  // events not yet returned by ibv_get_async_event
   // Queues an async event and makes async_fd readable. Thread-safe.
@@ -81,6 +70,75 @@ inline ibv_context* from_ctx(Context* c) { return &c->vctx_.context; }
 
 // Fills every ibv_context_ops and verbs_context op slot (context.cc).
 void fill_ops(Context* ctx);
+
+// ---------------------------------------------------------------------------------------
+// Objects. `pub_` is the application-visible struct; `emu_` keeps the engine object alive.
+
+struct CompChannel {
+  ibv_comp_channel pub_;
+  std::shared_ptr<emu::CompChannel> emu_;
+};
+inline CompChannel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<CompChannel*>(c); }
+
+struct Pd {
+  ibv_pd pub_;
+  std::shared_ptr<emu::Pd> emu_;
+};
+inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+
+struct Mr {
+  ibv_mr pub_;
+  std::shared_ptr<emu::Mr> emu_;
+};
+inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
+
+struct Mw {
+  ibv_mw pub_;
+  std::shared_ptr<emu::Mw> emu_;
+};
+inline Mw* to_mw(ibv_mw* m) { return reinterpret_cast<Mw*>(m); }
+
+struct Ah {
+  ibv_ah pub_;
+  std::shared_ptr<emu::Ah> emu_;
+};
+inline Ah* to_ah(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
+
+// Every CQ is an ibv_cq_ex (ibv_cq is its prefix), so the start/next/end_poll family works
+// on any CQ. cur_ is the completion the extended-poll cursor stands on.
+struct Cq {
+  ibv_cq_ex pub_;
+  std::shared_ptr<emu::Cq> emu_;
+  uint64_t wc_flags_ = 0;  // IBV_WC_EX_WITH_* requested at create
+  emu::Cqe cur_{};
+  bool polling_ = false;
+};
+inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Cq* to_cq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
+
+struct Srq {
+  ibv_srq pub_;
+  std::shared_ptr<emu::Srq> emu_;
+};
+inline Srq* to_srq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
+
+// Every QP is an ibv_qp_ex (ibv_qp is its prefix), so ibv_qp_to_qp_ex works on any QP.
+// The ibv_wr_* builders collect WRs between wr_start and wr_complete (send lock of the
+// application's own: the wr_* API is not thread-safe per QP, as in rdma-core).
+struct Qp {
+  ibv_qp_ex pub_;
+  std::shared_ptr<emu::Qp> emu_;
+  uint64_t send_ops_flags_ = 0;
+  // wr_* batch state; storage reserved at create so the hot path does not allocate.
+  std::vector<emu::SendWr> batch_;
+  std::vector<emu::Sge> batch_sge_;      // SGEs of all WRs of the batch, in order
+  std::vector<uint32_t> batch_sge_at_;   // per WR: index of its first SGE in batch_sge_
+  std::vector<uint8_t> batch_inline_;    // inline bytes copied by wr_set_inline_data*
+  std::vector<uint32_t> batch_inline_at_;  // per WR: offset in batch_inline_ or ~0u
+  int batch_err_ = 0;                    // first error seen by a builder (wr_complete returns it)
+};
+inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline Qp* to_qp(ibv_qp_ex* q) { return reinterpret_cast<Qp*>(q); }
 
 // ---------------------------------------------------------------------------------------
 // Boundary helpers. int verbs return 0 or a positive errno; pointer verbs return NULL and
@@ -111,8 +169,14 @@ inline void* null_errno(int e) {
   errno = e;
   return nullptr;
 }
+inline int err_of(emu::Status s) { return s.errno_value(); }
+inline int err_of(emu::Errc e) { return static_cast<int>(e); }
 
-// Device attributes the shim reports (filled from the engine's device when open).
+// Conversions between verbs and emu address attributes (ah.cc).
+emu::AhAttr to_emu(const ibv_ah_attr& a);
+void from_emu(const emu::AhAttr& e, ibv_ah_attr* a);
+
+// Device attributes the shim reports (device.cc).
 void fill_device_attr(Context* ctx, ibv_device_attr* attr);
 void fill_port_attr(Context* ctx, ibv_port_attr* attr);
 bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type);

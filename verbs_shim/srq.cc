@@ -1,16 +1,142 @@
-// Shared receive queues.
+// Shared receive queues: create (ibv_create_srq and the basic create_srq_ex), modify,
+// query, destroy, and the post_srq_recv data path.
+#include <cstring>
+
 #include "verbs_shim/ops.h"
 #include "verbs_shim/shim.h"
 
 using namespace rnic::shim;
 
 namespace rnic::shim {
-int op_post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) { if (bad) *bad = wr; return EOPNOTSUPP; }
-ibv_srq* op_create_srq_ex(ibv_context*, ibv_srq_init_attr_ex*) { return static_cast<ibv_srq*>(null_errno(EOPNOTSUPP)); }
-int op_get_srq_num(ibv_srq*, uint32_t*) { return EOPNOTSUPP; }
+
+static_assert(emu::kSrqMaxWr == IBV_SRQ_MAX_WR && emu::kSrqLimit == IBV_SRQ_LIMIT);
+
+namespace {
+
+ibv_srq* create_srq_common(ibv_context* context, ibv_pd* pd, void* srq_context, ibv_srq_attr* attr) {
+  if (pd == nullptr || attr == nullptr || pd->context != context) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  emu::SrqAttr ea;
+  ea.max_wr = attr->max_wr;
+  ea.max_sge = attr->max_sge;
+  ea.srq_limit = attr->srq_limit;
+  auto r = to_ctx(context)->emu_->create_srq(to_pd(pd)->emu_, ea);
+  if (!r.has_value()) {
+    errno = err_of(r.error());
+    return nullptr;
+  }
+  auto* s = new Srq();
+  s->emu_ = std::move(r.value());
+  s->emu_->user_context = s;
+  emu::SrqAttr got = s->emu_->query();
+  attr->max_wr = got.max_wr;
+  attr->max_sge = got.max_sge;
+  ibv_srq& p = s->pub_;
+  p.context = context;
+  p.srq_context = srq_context;
+  p.pd = pd;
+  p.handle = s->emu_->handle();
+  pthread_mutex_init(&p.mutex, nullptr);
+  pthread_cond_init(&p.cond, nullptr);
+  p.events_completed = 0;
+  return &p;
+}
+
+}  // namespace
+
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  if (srq == nullptr) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  Srq* s = to_srq(srq);
+  constexpr int kBatch = 32;
+  emu::RecvWr buf[kBatch];
+  ibv_recv_wr* src[kBatch];
+  while (wr != nullptr) {
+    int n = 0;
+    for (; wr != nullptr && n < kBatch; wr = wr->next) {
+      buf[n].wr_id = wr->wr_id;
+      buf[n].sg_list = reinterpret_cast<const emu::Sge*>(wr->sg_list);
+      buf[n].num_sge = wr->num_sge;
+      src[n++] = wr;
+    }
+    int b = 0;
+    emu::Status st = s->emu_->post_recv(buf, n, &b);
+    if (!st.is_ok()) {
+      if (bad) *bad = src[b < n ? b : n - 1];
+      return err_of(st);
+    }
+  }
+  return 0;
+}
+
+ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  return guard_ptr<ibv_srq>([&]() -> ibv_srq* {
+    if (context == nullptr || attr == nullptr) return static_cast<ibv_srq*>(null_errno(EINVAL));
+    uint32_t mask = attr->comp_mask;
+    if (mask & ~static_cast<uint32_t>(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                                      IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                                      IBV_SRQ_INIT_ATTR_TM))
+      return static_cast<ibv_srq*>(null_errno(EINVAL));
+    if ((mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)
+      return static_cast<ibv_srq*>(null_errno(EOPNOTSUPP));  // no XRC / tag matching
+    if (!(mask & IBV_SRQ_INIT_ATTR_PD)) return static_cast<ibv_srq*>(null_errno(EINVAL));
+    return create_srq_common(context, attr->pd, attr->srq_context, &attr->attr);
+  });
+}
+
+int op_get_srq_num(ibv_srq* srq, uint32_t* num) {
+  (void)srq;
+  (void)num;
+  return EOPNOTSUPP;  // SRQ numbers exist only for XRC SRQs
+}
+
 }  // namespace rnic::shim
 
-SHIM_EXPORT struct ibv_srq* ibv_create_srq(struct ibv_pd*, struct ibv_srq_init_attr*) { return static_cast<ibv_srq*>(null_errno(EOPNOTSUPP)); }
-SHIM_EXPORT int ibv_modify_srq(struct ibv_srq*, struct ibv_srq_attr*, int) { return EOPNOTSUPP; }
-SHIM_EXPORT int ibv_query_srq(struct ibv_srq*, struct ibv_srq_attr*) { return EOPNOTSUPP; }
-SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq*) { return EOPNOTSUPP; }
+SHIM_EXPORT struct ibv_srq* ibv_create_srq(struct ibv_pd* pd, struct ibv_srq_init_attr* init) {
+  return guard_ptr<ibv_srq>([&]() -> ibv_srq* {
+    if (pd == nullptr || init == nullptr) return static_cast<ibv_srq*>(null_errno(EINVAL));
+    return create_srq_common(pd->context, pd, init->srq_context, &init->attr);
+  });
+}
+
+SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask) {
+  if (srq == nullptr || attr == nullptr) return EINVAL;
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  return guard_int([&] {
+    emu::SrqAttr ea;
+    ea.max_wr = attr->max_wr;
+    ea.max_sge = attr->max_sge;
+    ea.srq_limit = attr->srq_limit;
+    Srq* s = to_srq(srq);
+    return err_of(to_ctx(srq->context)->emu_->modify_srq(s->emu_, ea, static_cast<uint32_t>(mask)));
+  });
+}
+
+SHIM_EXPORT int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
+  if (srq == nullptr || attr == nullptr) return EINVAL;
+  return guard_int([&] {
+    emu::SrqAttr got = to_srq(srq)->emu_->query();
+    attr->max_wr = got.max_wr;
+    attr->max_sge = got.max_sge;
+    attr->srq_limit = got.srq_limit;
+    return 0;
+  });
+}
+
+SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq* srq) {
+  if (srq == nullptr) return EINVAL;
+  return guard_int([&] {
+    Srq* s = to_srq(srq);
+    emu::Status st = to_ctx(srq->context)->emu_->destroy_srq(s->emu_);
+    if (!st.is_ok()) return err_of(st);  // EBUSY while QPs use it
+    s->emu_->user_context = nullptr;
+    pthread_mutex_destroy(&srq->mutex);
+    pthread_cond_destroy(&srq->cond);
+    delete s;
+    return 0;
+  });
+}
