@@ -220,7 +220,7 @@ void FaultEngine::rebuild_masks_locked() {
   slow_all_.store(held_ != 0, std::memory_order_relaxed);
 }
 
-std::string FaultEngine::add_parsed(std::vector<FaultRule> rules) {
+std::string FaultEngine::add_parsed(std::vector<FaultRule> rules, std::vector<uint32_t>* ids) {
   if constexpr (!wire::kFaultInjection) {
     if (!rules.empty())
       return "fault injection is compiled out of this build (meson -Dfault_injection=true)";
@@ -229,6 +229,7 @@ std::string FaultEngine::add_parsed(std::vector<FaultRule> rules) {
   for (FaultRule& r : rules) {
     auto rs = std::make_unique<RuleState>();
     rs->id = next_id_++;
+    if (ids != nullptr) ids->push_back(rs->id);
     rs->rule = std::move(r);
     if (rs->rule.needs_flows()) rs->flows.reset(new Flow[kMaxFlows]);
     reset_rule_locked(*rs);
@@ -240,13 +241,14 @@ std::string FaultEngine::add_parsed(std::vector<FaultRule> rules) {
   return "";
 }
 
-std::string FaultEngine::add_rules(std::string_view plan, std::string_view origin) {
+std::string FaultEngine::add_rules(std::string_view plan, std::string_view origin,
+                                   std::vector<uint32_t>* ids) {
   std::vector<FaultRule> rules;
   std::optional<uint64_t> seed;
   std::string e = parse_fault_plan(plan, origin, &rules, &seed);
   if (!e.empty()) return e;
   if (seed) set_seed(*seed);
-  return add_parsed(std::move(rules));
+  return add_parsed(std::move(rules), ids);
 }
 
 std::vector<FaultRuleInfo> FaultEngine::list() const {
@@ -308,6 +310,71 @@ FaultCounters FaultEngine::counters() const {
   FaultCounters c = ctr_;
   c.packets = pkt_index_.load(std::memory_order_relaxed);
   return c;
+}
+
+std::string FaultEngine::counters_text() const {
+  FaultCounters c = counters();
+  const std::pair<const char*, uint64_t> rows[] = {
+      {"fault_packets", c.packets},         {"fault_examined", c.examined},
+      {"fault_fired", c.fired},             {"fault_dropped", c.dropped},
+      {"fault_duplicated", c.duplicated},   {"fault_delayed", c.delayed},
+      {"fault_reordered", c.reordered},     {"fault_corrupted", c.corrupted},
+      {"fault_rewritten", c.rewritten},     {"fault_truncated", c.truncated},
+      {"fault_injected", c.injected},       {"fault_blackholed", c.blackholed},
+      {"fault_inject_unresolved", c.inject_unresolved},
+      {"fault_hold_overflow", c.hold_overflow}, {"fault_trace_overflow", c.trace_overflow},
+  };
+  std::string s;
+  for (const auto& [name, v] : rows) s += std::string(name) + " " + std::to_string(v) + "\n";
+  return s;
+}
+
+bool FaultEngine::command(std::string_view line, std::string* reply) {
+  auto trim_sv = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t' || v.back() == '\n' || v.back() == '\r'))
+      v.remove_suffix(1);
+    return v;
+  };
+  line = trim_sv(line);
+  size_t sp = line.find_first_of(" \t");
+  std::string_view verb = line.substr(0, sp);
+  std::string_view arg = sp == std::string_view::npos ? std::string_view() : trim_sv(line.substr(sp));
+  if (verb == "add") {
+    if (arg.empty()) return *reply = "add: missing rules", false;
+    std::vector<uint32_t> ids;
+    std::string e = add_rules(arg, "add", &ids);
+    if (!e.empty()) return *reply = e, false;
+    *reply = "added " + std::to_string(ids.size()) + " rule(s):";
+    for (uint32_t id : ids) *reply += " " + std::to_string(id);
+    return true;
+  }
+  if (verb == "list" && arg.empty()) return *reply = list_text(), true;
+  if (verb == "remove") {
+    uint64_t id = 0;
+    if (!parse_fault_u64(arg, &id) || id > UINT32_MAX)
+      return *reply = "remove: expected a rule id, got \"" + std::string(arg) + "\"", false;
+    if (!remove_rule(uint32_t(id))) return *reply = "remove: no rule " + std::to_string(id), false;
+    return *reply = "removed " + std::to_string(id), true;
+  }
+  if (verb == "clear" && arg.empty()) {
+    size_t n = list().size();
+    clear();
+    return *reply = "cleared " + std::to_string(n) + " rule(s)", true;
+  }
+  if (verb == "seed") {
+    if (!arg.empty()) {
+      uint64_t sd = 0;
+      if (!parse_fault_u64(arg, &sd)) return *reply = "seed: bad value \"" + std::string(arg) + "\"", false;
+      set_seed(sd);
+    }
+    return *reply = "seed " + std::to_string(seed()), true;
+  }
+  if (verb == "stats" && arg.empty()) return *reply = counters_text(), true;
+  if (verb == "trace" && arg.empty()) return *reply = format_trace(), true;
+  *reply = "unknown fault command \"" + std::string(line) +
+           "\" (add <rules> | list | remove <id> | clear | seed [<n>] | stats | trace)";
+  return false;
 }
 
 void FaultEngine::set_qpn_resolver(FaultQpnResolver fn) {

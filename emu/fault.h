@@ -112,9 +112,11 @@ class FaultEngine final : public wire::PacketFilter {
   // ---- Configuration (thread-safe; control path, may allocate) -----------------------
   // Parses a plan (see parse_fault_plan) and appends its rules, all or nothing. A "seed=N"
   // statement in the plan re-seeds the engine (as set_seed). Returns "" or the error.
-  std::string add_rules(std::string_view plan, std::string_view origin = "rules");
+  // *ids (optional) receives the new rules' ids.
+  std::string add_rules(std::string_view plan, std::string_view origin = "rules",
+                        std::vector<uint32_t>* ids = nullptr);
   // Appends already-parsed rules.
-  std::string add_parsed(std::vector<FaultRule> rules);
+  std::string add_parsed(std::vector<FaultRule> rules, std::vector<uint32_t>* ids = nullptr);
   std::vector<FaultRuleInfo> list() const;
   // Text form of list(): one line per rule "id matched fired label: text".
   std::string list_text() const;
@@ -126,6 +128,17 @@ class FaultEngine final : public wire::PacketFilter {
   void set_seed(uint64_t seed);
   uint64_t seed() const;
   FaultCounters counters() const;
+  // counters() as "name value" lines (names stable, for `softrnic stats` and logs).
+  std::string counters_text() const;
+
+  // One runtime control command, as the CLI sends it through the device's control socket
+  // (`softrnic fault add|list|remove|clear|seed|stats|trace`). Thread-safe. Returns true
+  // with the reply text, or false with an error message in *reply:
+  //   add <plan>    -> "added <n> rule(s): <id> ..."   (plan as in SOFTRNIC_FAULTS)
+  //   list          -> list_text()                      remove <id> -> "removed <id>"
+  //   clear         -> "cleared <n> rule(s)"            seed [<n>]  -> "seed <n>" (sets if given)
+  //   stats         -> counters_text()                  trace       -> format_trace()
+  bool command(std::string_view line, std::string* reply);
   void set_qpn_resolver(FaultQpnResolver fn);
 
   // ---- Trace ---------------------------------------------------------------------------

@@ -558,6 +558,33 @@ TEST_F(FaultEngineTest, AddListRemoveClear) {
   EXPECT_EQ(run(e, p), Verdict::kPass);
 }
 
+TEST_F(FaultEngineTest, ControlCommands) {
+  FaultEngine e;
+  std::string r;
+  EXPECT_TRUE(e.command("add rule a op=RDMA_WRITE_ONLY => drop; class=ack => dup", &r));
+  EXPECT_EQ(r, "added 2 rule(s): 1 2");
+  EXPECT_FALSE(e.command("add dir=up => drop", &r));
+  EXPECT_EQ(r, "add: rule 1: fault rule \"dir=up => drop\": column 5: bad direction \"up\" (tx, rx or any)");
+  Pkt p = write_only(1);
+  EXPECT_EQ(run(e, p), Verdict::kDrop);
+  EXPECT_TRUE(e.command("list", &r));
+  EXPECT_EQ(r, "1 matched=1 fired=1 rule a op=RDMA_WRITE_ONLY => drop\n2 matched=0 fired=0 class=ack => dup\n");
+  EXPECT_TRUE(e.command("stats", &r));
+  EXPECT_NE(r.find("fault_packets 1\n"), std::string::npos);
+  EXPECT_NE(r.find("fault_dropped 1\n"), std::string::npos);
+  EXPECT_TRUE(e.command("remove 2", &r));
+  EXPECT_EQ(r, "removed 2");
+  EXPECT_FALSE(e.command("remove 2", &r));
+  EXPECT_EQ(r, "remove: no rule 2");
+  EXPECT_TRUE(e.command("seed 9", &r));
+  EXPECT_EQ(r, "seed 9");
+  EXPECT_TRUE(e.command("clear\n", &r));
+  EXPECT_EQ(r, "cleared 1 rule(s)");
+  EXPECT_EQ(run(e, p), Verdict::kPass);
+  EXPECT_FALSE(e.command("frobnicate", &r));
+  EXPECT_EQ(r, "unknown fault command \"frobnicate\" (add <rules> | list | remove <id> | clear | seed [<n>] | stats | trace)");
+}
+
 TEST_F(FaultEngineTest, ConcurrentPacketsAndControl) {
   FaultEngine e;
   constexpr int kPerThread = 20000;
