@@ -1,0 +1,193 @@
+// emu/engine.h: the per-device transport engine. It owns the device's wire::Port (a real
+// UdpPort, or a MemPort in tests), implements TransportHooks (requester inline on post_send,
+// receive drain inline on poll of an empty CQ), and runs a progress thread (epoll over the
+// port's fd + a timerfd for retransmit/RNR timers + an eventfd for stop) for everything else.
+//
+// HOW A DEVICE GETS ITS ENGINE
+//   auto dev = Device::open(cfg).value();             // cfg.ip = "127.0.0.2"
+//   auto eng = Engine::start(dev, EngineConfig{});    // UdpPort on cfg.ip:4791,
+//                                                     // dev->set_hooks(eng), dev->set_engine(eng),
+//                                                     // progress thread running
+//   ... verbs ... (Qp::post_send / post_recv / Cq::poll / req_notify are thread-safe)
+//   eng->stop();      // optional: joins the thread, detaches hooks; idempotent
+//   dev->close();     // or just drop the device: ~Device destroys the engine last-but-tables
+// Tests use Engine::start_with_port(dev, mem_port, cfg) with cfg.progress_thread = false
+// and drive it by hand with poll_rx() and run_timers().
+//
+// THREADING
+//  * post_send: the requester runs in the posting thread under the QP's send lock and hands
+//    each batch of packets to the port with one send_batch.
+//  * receive: one thread at a time drains the port (rx_mu_): the progress thread (blocking
+//    lock) or a poll_cq caller on an empty CQ (try-lock, never blocks). Each packet takes
+//    only its QP's receive lock (responder) or send lock (completer).
+//  * timers: per-QP deadlines in CompState; the engine keeps one timerfd armed at the
+//    earliest one and the progress thread scans the registered QPs when it fires.
+// Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
+// device's receive lock of DESIGN.md; the timer lock is taken only to move the deadline
+// earlier).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "emu/counters.h"
+#include "emu/device.h"
+#include "emu/hooks.h"
+#include "emu/status.h"
+#include "wire/port.h"
+
+namespace rnic::emu {
+
+class FaultEngine;
+
+struct EngineConfig {
+  // Bind address; empty = the device's configured IPv4 (DeviceConfig::ip).
+  std::string ip;
+  // UDP port to bind and to send to (RoCEv2: 4791). Tests may use another.
+  uint16_t udp_port = wire::kRoceUdpPort;
+  // Start the progress thread (timers, background receive, completion events).
+  bool progress_thread = true;
+  // Socket buffer sizes asked of the UdpPort (best effort).
+  int rcvbuf = 8 << 20;
+  int sndbuf = 4 << 20;
+};
+
+// Builds outgoing packets in a fixed set of buffers and hands them to the port in one
+// send_batch. Not thread-safe: one per thread (tx_batch_for_thread()) or per context.
+class TxBatch {
+ public:
+  static constexpr int kSlots = 64;
+  static constexpr uint32_t kSlotBytes = 4096 + 128;  // MTU + headers + pad + ICRC
+  TxBatch();
+  // Buffer for the next packet (kSlotBytes long). REQUIRES: !full().
+  uint8_t* next() { return mem_.get() + static_cast<size_t>(n_) * kSlotBytes; }
+  void commit(const wire::Endpoint& dst, uint32_t len) {
+    descs_[n_].dst = dst;
+    descs_[n_].data = next();
+    descs_[n_].len = len;
+    descs_[n_].gso_size = 0;
+    ++n_;
+  }
+  bool full() const { return n_ == kSlots; }
+  int size() const { return n_; }
+  // Sends everything queued (retrying partial sends); returns packets handed over.
+  int flush(wire::Port& port, Counters& dev_ctr);
+
+ private:
+  std::unique_ptr<uint8_t[]> mem_;
+  wire::TxDesc descs_[kSlots];
+  int n_ = 0;
+};
+
+// The calling thread's TxBatch (allocated on first use, then reused).
+TxBatch& tx_batch_for_thread();
+
+class Engine final : public TransportHooks {
+ public:
+  // Opens a UdpPort on cfg.ip (or the device's IP) : cfg.udp_port, installs the engine as
+  // dev's hooks and engine, starts the progress thread. Errors: EADDRINUSE/EADDRNOTAVAIL...
+  // from the socket, EINVAL for a bad IP, EBUSY if the device already has hooks.
+  static Result<std::shared_ptr<Engine>> start(const std::shared_ptr<Device>& dev,
+                                               const EngineConfig& cfg);
+  // Same with a caller-made port (MemPort in tests); cfg.ip is ignored.
+  static Result<std::shared_ptr<Engine>> start_with_port(const std::shared_ptr<Device>& dev,
+                                                         std::unique_ptr<wire::Port> port,
+                                                         const EngineConfig& cfg);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Stops the progress thread and detaches from the device's hooks. Idempotent. After it,
+  // posted WQEs stay queued and nothing is received.
+  void stop();
+
+  Device& device() { return *dev_; }
+  wire::Port& port() { return *port_; }
+  const EngineConfig& config() const { return cfg_; }
+  // Device-wide counters (sum over QPs, plus drops before a QP is known).
+  Counters& counters() { return ctr_; }
+  // Optional fault engine whose held/injected packets must be drained after port I/O
+  // (emu/fault.h). Not owned; install before traffic starts.
+  void set_fault_engine(FaultEngine* f) { fault_ = f; }
+
+  // ---- manual driving (tests; also used by the progress thread) ----
+  // Drains the port until it is empty or `budget` datagrams were handled; blocks on the
+  // receive lock. Returns datagrams handled.
+  int poll_rx(int budget = 1 << 30);
+  // Like poll_rx but gives up at once if another thread is receiving.
+  int try_poll_rx(int budget = 1 << 30);
+  // Runs every retransmit / RNR timer due at `now_ns` (CLOCK_MONOTONIC). Tests pass a time
+  // far in the future to fire armed timers deterministically.
+  void run_timers(uint64_t now_ns);
+  // Earliest armed deadline (ns) over registered QPs, 0 if none.
+  uint64_t next_deadline_ns();
+
+  // ---- TransportHooks ----
+  void on_post_send(Qp& qp) override;
+  void on_post_recv(Qp& qp) override;
+  void on_post_srq_recv(Srq& srq) override;
+  void on_modify(Qp& qp, QpState from, QpState to) override;
+  void on_destroy(Qp& qp) override;
+  void on_poll_empty(Cq& cq) override;
+
+  // ---- used by req/comp/resp/recv (same library) ----
+  // Ask for a timer wake-up at deadline_ns (no-op if an earlier one is armed).
+  void arm_timer(uint64_t deadline_ns);
+  // Sends a batch the caller built (counts send errors).
+  void flush(TxBatch& b) {
+    if (b.size() > 0) b.flush(*port_, ctr_);
+    if (fault_ != nullptr) drain_fault_tx();
+  }
+  // The receive context's batch (REQUIRES: rx_mu_ held, i.e. inside poll_rx).
+  TxBatch& rx_batch() { return *rx_tx_; }
+  uint16_t local_udp_port() const { return port_->local().port; }
+
+ private:
+  Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
+  Status init();
+  void progress_loop();
+  int drain_locked(int budget);
+  void drain_fault_rx_locked();
+  void drain_fault_tx();
+  void register_qp(Qp& qp);
+  void unregister_qp(Qp& qp);
+
+  Device* dev_;  // the device owns the engine (Device::set_engine) and outlives it
+  std::unique_ptr<wire::Port> port_;
+  EngineConfig cfg_;
+  Counters ctr_;
+  FaultEngine* fault_ = nullptr;
+
+  // receive context
+  std::mutex rx_mu_;
+  static constexpr int kRxBatch = 32;
+  static constexpr uint32_t kRxBufBytes = 4096 + 512;
+  std::unique_ptr<uint8_t[]> rx_mem_;
+  wire::RxDesc rx_descs_[kRxBatch];
+  std::unique_ptr<TxBatch> rx_tx_;
+
+  // timers
+  std::mutex timer_mu_;
+  std::atomic<uint64_t> armed_ns_{~uint64_t{0}};
+  int timer_fd_ = -1;
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+
+  // QPs with timers (weak: the device owns QPs)
+  std::mutex qps_mu_;
+  std::vector<std::weak_ptr<Qp>> qps_;
+  std::vector<std::shared_ptr<Qp>> scan_;  // progress-thread scratch (capacity kept)
+
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+  std::mutex stop_mu_;
+};
+
+}  // namespace rnic::emu

@@ -1,0 +1,142 @@
+// emu/recv.cc: ingress checks in the order of checks-and-faults §2.1 (ICRC first), then
+// dispatch to resp (requests) or comp (responses).
+#include "emu/recv.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "emu/comp.h"
+#include "emu/device.h"
+#include "emu/engine.h"
+#include "emu/resp.h"
+#include "wire/icrc.h"
+#include "wire/packet.h"
+#include "wire/psn.h"
+
+namespace rnic::emu {
+
+namespace {
+
+bool type_matches(QpType t, uint8_t opcode) {
+  switch (t) {
+    case QpType::kRc: return wire::is_rc(opcode);
+    case QpType::kUc: return wire::is_uc(opcode);
+    case QpType::kUd: return wire::is_ud(opcode);
+  }
+  return false;
+}
+
+// P_Key match (IBA 10.9.3): base keys equal and at least one full member. The only table
+// entry is the full-member default 0xFFFF.
+bool pkey_ok(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }
+
+// RC/UC address binding (rxe check_addr): the packet came from the QP's peer to us.
+// REQUIRES: one of the QP's locks (av()).
+bool addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
+  if (qp.type() == QpType::kUd) return true;
+  const Av& av = qp.av();
+  if (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4) return false;
+  const bool dst_known = d.dst.ipv6 || d.dst.v4_host() != 0;
+  if (dst_known && (d.dst.ipv6 || d.dst.v4_host() != e.device().ipv4())) return false;
+  return true;
+}
+
+}  // namespace
+
+void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
+                 uint32_t seg_index) {
+  Counters& dc = e.counters();
+  // 1. ICRC first: a corrupted packet must never touch QP state (§2.1 item 7).
+  if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) {
+    dc.add(Ctr::kDropMalformed);
+    return;
+  }
+  wire::IpUdpMeta meta;
+  meta.ipv6 = d.src.ipv6;
+  std::memcpy(meta.src, d.src.addr, 16);
+  std::memcpy(meta.dst, d.dst.addr, 16);
+  meta.src_port = d.src.port;
+  meta.dst_port = d.dst.port;
+  meta.ip_id = static_cast<uint16_t>(d.ip_id + seg_index);
+  meta.df = true;
+  if (!wire::icrc_check(meta, roce)) {
+    dc.add(Ctr::kIcrcErr);
+    return;
+  }
+  // 2. Parse (lengths, TVer, opcode).
+  wire::PacketView p;
+  if (wire::parse_roce(roce, &p) != wire::ParseError::kOk) {
+    dc.add(Ctr::kDropMalformed);
+    return;
+  }
+  const bool is_req = p.has(wire::kReqMask);
+  if (!is_req && !p.has(wire::kAckMask)) {  // CNP and the like: nothing to do
+    dc.add(Ctr::kDropBadState);
+    return;
+  }
+  // 3. QPN (0 and the multicast QPN are not served).
+  const auto bth = p.bth();
+  const uint32_t qpn = bth.dest_qp();
+  if (qpn == 0 || qpn == wire::kPsnMask) {
+    dc.add(Ctr::kDropUnknownQpn);
+    return;
+  }
+  std::shared_ptr<Qp> qp = e.device().find_qp(qpn);
+  if (!qp) {
+    dc.add(Ctr::kDropUnknownQpn);
+    return;
+  }
+  Counters& qc = qp->comp_.ctr;
+  // 4. QP type vs opcode class, QP state (requests: responder in RTR or later; responses:
+  // requester in RTS/SQD).
+  const QpState st = qp->state();
+  const bool state_ok = is_req ? (st == QpState::kRtr || st == QpState::kRts ||
+                                  st == QpState::kSqd || st == QpState::kSqe)
+                               : (st == QpState::kRts || st == QpState::kSqd);
+  if (!type_matches(qp->type(), p.opcode) || !state_ok) {
+    bump(qc, dc, Ctr::kDropBadState);
+    return;
+  }
+  // 5. P_Key.
+  if (!pkey_ok(bth.pkey())) {
+    bump(qc, dc, Ctr::kBadPkeyCntr);
+    e.device().count_bad_pkey();
+    return;
+  }
+
+  if (is_req) {
+    RespOutcome out;
+    {
+      std::lock_guard lk(qp->recv_mutex());
+      if (qp->comp_.dead) return;
+      // 6. Address binding (RC/UC) and Q_Key (UD).
+      if (!addr_ok(e, *qp, d)) {
+        bump(qc, dc, Ctr::kDropAddr);
+        return;
+      }
+      if (qp->type() == QpType::kUd && p.deth().qkey() != qp->attr().qkey) {
+        bump(qc, dc, Ctr::kQkeyViolCntr);
+        e.device().count_qkey_viol();
+        return;
+      }
+      bump(qc, dc, Ctr::kRcvdPkts);
+      out = resp_on_packet(e, *qp, p, d);
+    }
+    if (out == RespOutcome::kFatal) {
+      // Class A/C/G/J: the responder's QP goes to ERR. Lock order is send -> receive.
+      std::scoped_lock lk(qp->send_mutex(), qp->recv_mutex());
+      if (!qp->comp_.dead && qp->state() != QpState::kErr) qp->enter_error_locked(false);
+    }
+    return;
+  }
+  std::lock_guard lk(qp->send_mutex());
+  if (qp->comp_.dead) return;
+  if (!addr_ok(e, *qp, d)) {
+    bump(qc, dc, Ctr::kDropAddr);
+    return;
+  }
+  bump(qc, dc, Ctr::kRcvdPkts);
+  comp_on_packet(e, *qp, p);
+}
+
+}  // namespace rnic::emu
