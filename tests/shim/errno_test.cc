@@ -1,0 +1,333 @@
+// Invalid verbs calls through the shim return what rdma-core (with the kernel behind it)
+// returns: int verbs a positive errno, pointer verbs NULL with errno, *bad_wr always set.
+// One test per verb family; none of these calls may crash.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+class ErrnoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ibv_device** list = ibv_get_device_list(nullptr);
+    ASSERT_NE(list, nullptr);
+    ASSERT_NE(list[0], nullptr);
+    ctx_ = ibv_open_device(list[0]);
+    ibv_free_device_list(list);
+    ASSERT_NE(ctx_, nullptr);
+    pd_ = ibv_alloc_pd(ctx_);
+    ASSERT_NE(pd_, nullptr);
+    cq_ = ibv_create_cq(ctx_, 16, nullptr, nullptr, 0);
+    ASSERT_NE(cq_, nullptr);
+    buf_.resize(4096);
+  }
+  void TearDown() override {
+    if (cq_) {
+      EXPECT_EQ(ibv_destroy_cq(cq_), 0);
+    }
+    if (pd_) {
+      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
+    }
+    if (ctx_) {
+      EXPECT_EQ(ibv_close_device(ctx_), 0);
+    }
+  }
+  ibv_qp* make_qp(ibv_qp_type type, ibv_srq* srq = nullptr, uint32_t wr = 4) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq_;
+    ia.recv_cq = cq_;
+    ia.srq = srq;
+    ia.cap.max_send_wr = wr;
+    ia.cap.max_recv_wr = srq ? 0 : wr;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.qp_type = type;
+    return ibv_create_qp(pd_, &ia);
+  }
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  std::vector<char> buf_;
+};
+
+TEST_F(ErrnoTest, DeviceQueries) {
+  ibv_port_attr pa;
+  EXPECT_EQ(ibv_query_port(ctx_, 2, &pa), EINVAL);
+  EXPECT_EQ(ibv_query_port(ctx_, 0, &pa), EINVAL);
+  ibv_gid g;
+  EXPECT_EQ(ibv_query_gid(ctx_, 1, 4096, &g), -1);
+  EXPECT_EQ(ibv_query_gid(ctx_, 2, 0, &g), -1);
+  __be16 pkey;
+  EXPECT_EQ(ibv_query_pkey(ctx_, 1, 0, &pkey), 0);
+  EXPECT_EQ(pkey, htobe16(0xffff));
+  EXPECT_EQ(ibv_query_pkey(ctx_, 1, 5, &pkey), -1);
+  ibv_gid_entry e;
+  EXPECT_EQ(ibv_query_gid_ex(ctx_, 1, 0, &e, 1), EINVAL);  // unknown flags
+  ibv_query_device_ex_input in{};
+  in.comp_mask = 1;
+  ibv_device_attr_ex ex;
+  EXPECT_EQ(ibv_query_device_ex(ctx_, &in, &ex), EINVAL);
+}
+
+TEST_F(ErrnoTest, ProtectionDomain) {
+  ibv_mr* mr = ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);  // still in use: the kernel says EBUSY
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  ibv_pd* pd2 = ibv_alloc_pd(ctx_);
+  ASSERT_NE(pd2, nullptr);
+  EXPECT_NE(pd2->handle, pd_->handle);
+  EXPECT_EQ(ibv_dealloc_pd(pd2), 0);
+}
+
+TEST_F(ErrnoTest, MemoryRegion) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buf_.data(), 0, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  // Remote write without local write is refused (IBA 10.6.3.1).
+  EXPECT_EQ(ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf_.data(), buf_.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(mr->lkey, mr->rkey);
+  EXPECT_EQ(mr->addr, buf_.data());
+  EXPECT_EQ(mr->length, buf_.size());
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, 1 << 5, nullptr, nullptr, 0, 0), IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 0, 0),
+            IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+TEST_F(ErrnoTest, MemoryWindow) {
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_mw(pd_, static_cast<ibv_mw_type>(3)), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  EXPECT_EQ(mw->type, IBV_MW_TYPE_2);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+}
+
+TEST_F(ErrnoTest, CompletionQueue) {
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, 0, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_device_attr da;
+  ASSERT_EQ(ibv_query_device(ctx_, &da), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, da.max_cqe + 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, 4, nullptr, nullptr, ctx_->num_comp_vectors), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 4;
+  cx.wc_flags = IBV_WC_EX_WITH_CVLAN;  // not supported
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  cx.wc_flags = static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &cx);
+  ASSERT_NE(cqx, nullptr);
+  ibv_wc wc[2];
+  EXPECT_EQ(ibv_poll_cq(ibv_cq_ex_to_cq(cqx), 2, wc), 0);
+  ibv_poll_cq_attr pa{};
+  pa.comp_mask = 1;
+  EXPECT_EQ(ibv_start_poll(cqx, &pa), EINVAL);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)), 0);
+  // A CQ used by a QP cannot be destroyed.
+  ibv_qp* qp = make_qp(IBV_QPT_RC);
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(ibv_destroy_cq(cq_), EBUSY);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_resize_cq(cq_, 0), EINVAL);
+}
+
+TEST_F(ErrnoTest, CompletionChannelAndAsyncFd) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx_);
+  ASSERT_NE(ch, nullptr);
+  ASSERT_GE(ch->fd, 0);
+  ibv_cq* cq = ibv_create_cq(ctx_, 4, nullptr, ch, 0);
+  ASSERT_NE(cq, nullptr);
+  EXPECT_EQ(ch->refcnt, 1);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), EBUSY);
+  // Non-blocking fds: nothing pending -> -1 / EAGAIN, and poll() says not readable.
+  ASSERT_EQ(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  errno = 0;
+  EXPECT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  pollfd p{ch->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  EXPECT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, fcntl(ctx_->async_fd, F_GETFL) | O_NONBLOCK), 0);
+  ibv_async_event ae;
+  errno = 0;
+  EXPECT_EQ(ibv_get_async_event(ctx_, &ae), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ch->refcnt, 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+TEST_F(ErrnoTest, QueuePairCreateAndModify) {
+  ibv_device_attr da;
+  ASSERT_EQ(ibv_query_device(ctx_, &da), 0);
+  errno = 0;
+  EXPECT_EQ(make_qp(IBV_QPT_RC, nullptr, static_cast<uint32_t>(da.max_qp_wr) + 1), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_qp(static_cast<ibv_qp_type>(77)), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq_;
+  ia.recv_cq = nullptr;  // missing CQ
+  ia.cap.max_send_wr = 1;
+  ia.qp_type = IBV_QPT_RC;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &ia), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  ibv_qp* qp = make_qp(IBV_QPT_RC);
+  ASSERT_NE(qp, nullptr);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;  // RESET -> RTR does not exist
+  EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
+  EXPECT_EQ(qp->state, IBV_QPS_RESET);
+  a = {};
+  a.qp_state = IBV_QPS_INIT;  // missing PKEY_INDEX | PORT | ACCESS_FLAGS
+  EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  EXPECT_EQ(qp->state, IBV_QPS_INIT);
+  ibv_qp_attr q;
+  ibv_qp_init_attr qi;
+  EXPECT_EQ(ibv_query_qp(qp, &q, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(q.qp_state, IBV_QPS_INIT);
+  EXPECT_EQ(qi.send_cq, cq_);
+  EXPECT_EQ(qi.qp_type, IBV_QPT_RC);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
+TEST_F(ErrnoTest, QueuePairPostSetsBadWr) {
+  ibv_qp* qp = make_qp(IBV_QPT_RC);
+  ASSERT_NE(qp, nullptr);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf_.data()), 16, mr->lkey};
+  ibv_send_wr swr{};
+  swr.sg_list = &sge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(qp, &swr, &bad), EINVAL);  // RESET: no sends
+  EXPECT_EQ(bad, &swr);
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &sge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad = nullptr;
+  EXPECT_EQ(ibv_post_recv(qp, &rwr, &rbad), EINVAL);  // RESET: no receives
+  EXPECT_EQ(rbad, &rwr);
+  ibv_send_wr w2 = swr;
+  w2.opcode = static_cast<ibv_wr_opcode>(99);
+  bad = nullptr;
+  EXPECT_EQ(ibv_post_send(qp, &w2, &bad), EINVAL);
+  EXPECT_EQ(bad, &w2);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
+TEST_F(ErrnoTest, SharedReceiveQueue) {
+  ibv_srq_init_attr si{};
+  si.attr.max_wr = 0;
+  si.attr.max_sge = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(pd_, &si), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  si.attr.max_wr = 8;
+  si.attr.max_sge = 1000;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(pd_, &si), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  si.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ASSERT_NE(srq, nullptr);
+  ibv_srq_attr sa{};
+  sa.srq_limit = 100;  // above max_wr
+  EXPECT_EQ(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL);
+  ibv_sge sges[2] = {};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = sges;
+  rwr.num_sge = 2;  // more than max_sge
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(srq, &rwr, &bad), EINVAL);
+  EXPECT_EQ(bad, &rwr);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, srq);
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(ibv_destroy_srq(srq), EBUSY);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+TEST_F(ErrnoTest, AddressHandle) {
+  ibv_ah_attr aa{};
+  aa.is_global = 0;  // RoCE needs a GRH
+  aa.port_num = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd_, &aa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  aa.is_global = 1;
+  aa.grh.dgid.raw[10] = 0xff;
+  aa.grh.dgid.raw[11] = 0xff;
+  aa.grh.dgid.raw[12] = 127;
+  aa.grh.dgid.raw[15] = 9;
+  aa.grh.hop_limit = 64;
+  ibv_ah* ah = ibv_create_ah(pd_, &aa);
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
+TEST_F(ErrnoTest, UnsupportedVerbs) {
+  ibv_xrcd_init_attr xa{};
+  errno = 0;
+  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_alloc_dm_attr dm{};
+  dm.length = 64;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_dm(ctx_, &dm), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_wq_init_attr wa{};
+  errno = 0;
+  EXPECT_EQ(ibv_create_wq(ctx_, &wa), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_td_init_attr ta{};
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ibv_attach_mcast(nullptr, nullptr, 0), EOPNOTSUPP);
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_TRUE(v.raw_clock.tv_sec != 0 || v.raw_clock.tv_nsec != 0);
+}
+
+}  // namespace
