@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "emu/engine.h"
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
@@ -99,8 +100,21 @@ int start_device(Host* h) {
               std::strerror(err_of(r.error())));
     return err_of(r.error());
   }
-  h->dev_ = std::move(r.value());
-  // TODO(engine): attach the transports' engine (emu/engine.h) once it lands.
+  std::shared_ptr<emu::Device> dev = std::move(r.value());
+  // The engine binds UDP <ip>:4791, installs itself as the device's hooks and engine, and
+  // starts its progress thread; the device owns it from here on.
+  emu::EngineConfig ec;
+  auto e = emu::Engine::start(dev, ec);
+  if (!e.has_value()) {
+    int rc = err_of(e.error());
+    if (rc != EADDRINUSE) {
+      log_error("cannot start the engine of %s on %s:4791: %s", dc.name.c_str(), dc.ip.c_str(),
+                std::strerror(rc));
+    }
+    dev->close();
+    return rc;
+  }
+  h->dev_ = std::move(dev);
   return 0;
 }
 
@@ -168,6 +182,7 @@ void host_release(Host* host) {
   (void)w;
   if (host->dispatcher_.joinable()) host->dispatcher_.join();
   close(host->stop_fd_);
+  if (emu::Engine* e = host->dev_->engine()) e->stop();
   host->dev_->close();
   host->dev_.reset();
   delete host;
