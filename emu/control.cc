@@ -1,0 +1,683 @@
+// Control socket: request execution, the epoll-driven server, the blocking client and the
+// discovery of live sockets in the runtime directory. Control path only (allocates freely).
+#include "emu/control.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+namespace rnic::emu {
+namespace {
+
+constexpr size_t kMaxPendingOutput = 4u << 20;  // a client that never reads is dropped
+constexpr int kMaxReadsPerEvent = 16;           // fairness between clients
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// One line for a status message: newlines would break the framing.
+std::string one_line(std::string_view s) {
+  std::string r;
+  r.reserve(s.size());
+  for (char c : s) {
+    if (c == '\n') {
+      r += "; ";
+    } else if (c == '\r' || c == '\0') {
+      r += ' ';
+    } else {
+      r += c;
+    }
+  }
+  while (!r.empty() && (r.back() == ' ' || r.back() == ';')) r.pop_back();
+  return r;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Splits off the first whitespace-delimited word.
+std::string_view next_word(std::string_view* s) {
+  *s = trim(*s);
+  size_t n = 0;
+  while (n < s->size() && (*s)[n] != ' ' && (*s)[n] != '\t') ++n;
+  std::string_view w = s->substr(0, n);
+  s->remove_prefix(n);
+  *s = trim(*s);
+  return w;
+}
+
+bool parse_u32(std::string_view s, uint32_t* v) {
+  int base = 10;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    base = 16;
+  }
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, base);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+struct Response {
+  std::string text;
+  void line(std::string_view l) {
+    // Data lines never contain '\n' (split them) and are dot-stuffed.
+    size_t start = 0;
+    while (true) {
+      size_t nl = l.find('\n', start);
+      std::string_view part = l.substr(start, nl == std::string_view::npos ? nl : nl - start);
+      if (!part.empty() && part.front() == '.') text += '.';
+      text.append(part);
+      text += '\n';
+      if (nl == std::string_view::npos) break;
+      start = nl + 1;
+    }
+  }
+  std::string finish(std::string_view err) {
+    text += ".\n";
+    if (err.empty()) {
+      text += "ok\n";
+    } else {
+      text += "err ";
+      text += one_line(err);
+      text += '\n';
+    }
+    return std::move(text);
+  }
+};
+
+constexpr const char* kHelp[] = {
+    "info",
+    "help",
+    "fault add PLAN",
+    "fault list",
+    "fault clear",
+    "stats",
+    "stats qp QPN",
+    "capture start PATH",
+    "capture stop",
+};
+
+std::string execute(ControlTarget& t, std::string_view req, Response& r) {
+  for (char c : req) {
+    auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7f) return "bad request: control character in line";
+  }
+  std::string_view rest = req;
+  std::string_view cmd = next_word(&rest);
+  if (cmd.empty()) return "empty request (try 'help')";
+  if (cmd == "help") {
+    for (const char* h : kHelp) r.line(h);
+    return "";
+  }
+  if (cmd == "info") {
+    if (!rest.empty()) return "usage: info";
+    r.line("device " + t.device_name());
+    r.line("pid " + std::to_string(getpid()));
+    return "";
+  }
+  if (cmd == "fault") {
+    std::string_view sub = next_word(&rest);
+    if (sub == "add") {
+      if (rest.empty()) return "usage: fault add PLAN";
+      return t.fault_add(rest);
+    }
+    if (sub == "list") {
+      if (!rest.empty()) return "usage: fault list";
+      for (const FaultRuleInfo& f : t.fault_list()) {
+        r.line(std::to_string(f.id) + " fired=" + std::to_string(f.fired) +
+               " matched=" + std::to_string(f.matched) + " " + one_line(f.text));
+      }
+      return "";
+    }
+    if (sub == "clear") {
+      if (!rest.empty()) return "usage: fault clear";
+      t.fault_clear();
+      return "";
+    }
+    return "usage: fault add PLAN | fault list | fault clear";
+  }
+  if (cmd == "stats") {
+    std::optional<uint32_t> qpn;
+    if (!rest.empty()) {
+      std::string_view k = next_word(&rest);
+      std::string_view v = next_word(&rest);
+      uint32_t q = 0;
+      if (k != "qp" || v.empty() || !rest.empty()) return "usage: stats [qp QPN]";
+      if (!parse_u32(v, &q) || q > 0xffffff) return "bad QPN '" + std::string(v) + "'";
+      qpn = q;
+    }
+    StatList list;
+    std::string err = t.stats(qpn, &list);
+    if (!err.empty()) return err;
+    for (const auto& [name, value] : list) r.line(name + " " + std::to_string(value));
+    return "";
+  }
+  if (cmd == "capture") {
+    std::string_view sub = next_word(&rest);
+    if (sub == "start") {
+      if (rest.empty()) return "usage: capture start PATH";
+      if (rest.front() != '/') return "capture path must be absolute";
+      return t.capture_start(rest);
+    }
+    if (sub == "stop") {
+      if (!rest.empty()) return "usage: capture stop";
+      return t.capture_stop();
+    }
+    return "usage: capture start PATH | capture stop";
+  }
+  return "unknown command '" + one_line(cmd.substr(0, 64)) + "' (try 'help')";
+}
+
+bool fill_sockaddr(const std::string& path, sockaddr_un* sa) {
+  std::memset(sa, 0, sizeof(*sa));
+  sa->sun_family = AF_UNIX;
+  if (path.size() >= sizeof(sa->sun_path)) return false;
+  std::memcpy(sa->sun_path, path.c_str(), path.size() + 1);
+  return true;
+}
+
+// Parses "<device>.<pid>.sock"; the device name may itself contain dots.
+bool parse_socket_name(std::string_view name, std::string* device, pid_t* pid) {
+  constexpr std::string_view kSuffix = ".sock";
+  if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) {
+    return false;
+  }
+  name.remove_suffix(kSuffix.size());
+  size_t dot = name.rfind('.');
+  if (dot == std::string_view::npos || dot == 0) return false;
+  std::string_view p = name.substr(dot + 1);
+  uint32_t v = 0;
+  if (p.empty() || p.size() > 10 || !parse_u32(p, &v) || p[0] == '0' || v == 0) return false;
+  *device = std::string(name.substr(0, dot));
+  *pid = static_cast<pid_t>(v);
+  return true;
+}
+
+}  // namespace
+
+std::string execute_control_request(ControlTarget& target, std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  Response r;
+  std::string err = execute(target, line, r);
+  if (!err.empty()) r.text.clear();  // a failed command returns no partial data
+  return r.finish(err);
+}
+
+// ---- Runtime directory --------------------------------------------------------------
+
+std::string control_runtime_dir() {
+  if (const char* d = std::getenv("SOFTRNIC_RUNTIME_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) {
+    struct stat st;
+    if (stat(x, &st) == 0 && S_ISDIR(st.st_mode)) return std::string(x) + "/softrnic";
+  }
+  return "/tmp/softrnic-" + std::to_string(geteuid());
+}
+
+std::string check_runtime_dir(const std::string& dir, bool create, uid_t uid) {
+  if (dir.empty()) return "runtime directory: empty path";
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT || !create) {
+      return "runtime directory " + dir + ": " + errno_text(errno);
+    }
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return "cannot create runtime directory " + dir + ": " + errno_text(errno) +
+             " (set SOFTRNIC_RUNTIME_DIR to a directory you own)";
+    }
+    if (lstat(dir.c_str(), &st) != 0) return "runtime directory " + dir + ": " + errno_text(errno);
+  }
+  if (S_ISLNK(st.st_mode)) return "runtime directory " + dir + " is a symlink; refusing to use it";
+  if (!S_ISDIR(st.st_mode)) return "runtime directory " + dir + " is not a directory";
+  if (st.st_uid != uid) {
+    return "runtime directory " + dir + " is owned by uid " + std::to_string(st.st_uid) +
+           ", not by us (uid " + std::to_string(uid) +
+           "); refusing to use it (set SOFTRNIC_RUNTIME_DIR to a directory you own)";
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return "runtime directory " + dir + " has mode " + mode +
+           " (group/other access); refusing to use it (chmod 700 " + dir + ")";
+  }
+  return "";
+}
+
+std::string control_socket_path(const std::string& dir, std::string_view device, pid_t pid) {
+  std::string p = dir;
+  if (p.empty() || p.back() != '/') p += '/';
+  p.append(device);
+  p += '.';
+  p += std::to_string(pid);
+  p += ".sock";
+  return p;
+}
+
+// ---- Server -------------------------------------------------------------------------
+
+std::unique_ptr<ControlServer> ControlServer::open(ControlTarget* target, std::string* err) {
+  return open(target, Options{}, err);
+}
+
+std::unique_ptr<ControlServer> ControlServer::open(ControlTarget* target, const Options& opt,
+                                                   std::string* err) {
+  std::string name = target->device_name();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    *err = "control socket: bad device name '" + name + "'";
+    return nullptr;
+  }
+  std::unique_ptr<ControlServer> s(new ControlServer());
+  s->target_ = target;
+  s->opt_ = opt;
+  if (s->opt_.runtime_dir.empty()) s->opt_.runtime_dir = control_runtime_dir();
+  s->allowed_uid_ = opt.allowed_uid.value_or(geteuid());
+  s->owner_pid_ = getpid();
+  const std::string& dir = s->opt_.runtime_dir;
+  if (std::string e = check_runtime_dir(dir, true, geteuid()); !e.empty()) {
+    *err = "control socket: " + e;
+    return nullptr;
+  }
+  s->path_ = control_socket_path(dir, name, s->owner_pid_);
+  sockaddr_un sa;
+  if (!fill_sockaddr(s->path_, &sa)) {
+    *err = "control socket path too long (" + std::to_string(s->path_.size()) +
+           " bytes): " + s->path_ + " (set SOFTRNIC_RUNTIME_DIR to a shorter directory)";
+    s->path_.clear();
+    return nullptr;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *err = "control socket: socket(): " + errno_text(errno);
+    s->path_.clear();
+    return nullptr;
+  }
+  s->listen_fd_ = fd;
+  // Linux creates the socket file with the socket inode's mode (less the umask): setting it
+  // before bind avoids a window in which the file is more open than 0600.
+  (void)fchmod(fd, 0600);
+  // A leftover file of the same name (an earlier process with our pid) is stale by definition.
+  struct stat st;
+  if (lstat(s->path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      *err = "control socket " + s->path_ + " is in use (two devices named '" + name +
+             "' in one process?)";
+      s->path_.clear();
+      return nullptr;
+    }
+    unlink(s->path_.c_str());
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    *err = "control socket: bind " + s->path_ + ": " + errno_text(errno);
+    s->path_.clear();
+    return nullptr;
+  }
+  if (chmod(s->path_.c_str(), 0600) != 0 || lstat(s->path_.c_str(), &st) != 0) {
+    *err = "control socket: chmod " + s->path_ + ": " + errno_text(errno);
+    return nullptr;  // the destructor removes the file
+  }
+  s->sock_dev_ = st.st_dev;
+  s->sock_ino_ = st.st_ino;
+  if (listen(fd, 16) != 0) {
+    *err = "control socket: listen: " + errno_text(errno);
+    return nullptr;
+  }
+  s->epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (s->epfd_ < 0) {
+    *err = "control socket: epoll_create1: " + errno_text(errno);
+    return nullptr;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(s->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    *err = "control socket: epoll_ctl: " + errno_text(errno);
+    return nullptr;
+  }
+  return s;
+}
+
+ControlServer::~ControlServer() {
+  stop();
+  while (!clients_.empty()) close_client(clients_.begin()->first);
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (epfd_ >= 0) close(epfd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+  // Remove the file only if it is still the one we bound, and only in the process that
+  // bound it.
+  struct stat st;
+  if (!path_.empty() && getpid() == owner_pid_ && lstat(path_.c_str(), &st) == 0 &&
+      (sock_ino_ == 0 || (st.st_dev == sock_dev_ && st.st_ino == sock_ino_))) {
+    unlink(path_.c_str());
+  }
+}
+
+std::string ControlServer::start_thread() {
+  if (thread_.joinable()) return "control server thread already running";
+  if (stop_fd_ < 0) {
+    stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (stop_fd_ < 0) return "control server: eventfd: " + errno_text(errno);
+  }
+  thread_ = std::thread([this] { thread_main(); });
+  return "";
+}
+
+void ControlServer::stop() {
+  if (!thread_.joinable()) return;
+  uint64_t one = 1;
+  ssize_t n = write(stop_fd_, &one, sizeof(one));
+  (void)n;
+  thread_.join();
+  uint64_t v;
+  n = read(stop_fd_, &v, sizeof(v));  // re-arm for a later start_thread()
+}
+
+void ControlServer::thread_main() {
+  pollfd p[2] = {{epfd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  while (true) {
+    int n = poll(p, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    if (p[0].revents) handle_ready();
+  }
+}
+
+void ControlServer::handle_ready() {
+  epoll_event evs[32];
+  int n = epoll_wait(epfd_, evs, 32, 0);
+  for (int i = 0; i < n; ++i) {
+    if (evs[i].data.fd == listen_fd_) {
+      accept_all();
+    } else {
+      serve_client(evs[i].data.fd, evs[i].events);
+    }
+  }
+}
+
+void ControlServer::accept_all() {
+  while (true) {
+    int cfd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (cfd < 0) return;  // EAGAIN, or a transient error: the next readiness retries
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    std::string refuse;
+    if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      refuse = "cannot read peer credentials";
+    } else if (cred.uid != allowed_uid_) {
+      refuse = "permission denied (peer uid " + std::to_string(cred.uid) + ")";
+    } else if (clients_.size() >= opt_.max_clients) {
+      refuse = "too many control connections";
+    }
+    if (!refuse.empty()) {
+      std::string msg = ".\nerr " + refuse + "\n";
+      ssize_t w = send(cfd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)w;
+      close(cfd);
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = cfd;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, cfd, &ev) != 0) {
+      close(cfd);
+      continue;
+    }
+    clients_.emplace(cfd, Client{});
+  }
+}
+
+void ControlServer::serve_client(int cfd, uint32_t events) {
+  auto it = clients_.find(cfd);
+  if (it == clients_.end()) return;
+  Client& c = it->second;
+  if (events & (EPOLLERR)) {
+    close_client(cfd);
+    return;
+  }
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) {
+    char buf[16384];
+    for (int reads = 0; reads < kMaxReadsPerEvent && !c.eof; ++reads) {
+      ssize_t got = recv(cfd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == EINTR) continue;
+        close_client(cfd);
+        return;
+      }
+      if (got == 0) {
+        c.eof = true;
+        break;
+      }
+      std::string_view data(buf, static_cast<size_t>(got));
+      while (!data.empty()) {
+        size_t nl = data.find('\n');
+        if (c.discarding) {
+          if (nl == std::string_view::npos) break;
+          c.discarding = false;
+          data.remove_prefix(nl + 1);
+          continue;
+        }
+        if (nl == std::string_view::npos) {
+          if (c.in.size() + data.size() > kMaxRequestLine) {
+            c.in.clear();
+            c.discarding = true;
+            c.out += Response{}.finish("request line too long (max " +
+                                       std::to_string(kMaxRequestLine) + " bytes)");
+          } else {
+            c.in.append(data);
+          }
+          break;
+        }
+        std::string_view part = data.substr(0, nl);
+        data.remove_prefix(nl + 1);
+        if (c.in.size() + part.size() > kMaxRequestLine) {
+          c.in.clear();
+          c.out += Response{}.finish("request line too long (max " +
+                                     std::to_string(kMaxRequestLine) + " bytes)");
+          continue;
+        }
+        c.in.append(part);
+        c.out += execute_control_request(*target_, c.in);
+        c.in.clear();
+      }
+      if (c.out.size() > kMaxPendingOutput) {
+        close_client(cfd);
+        return;
+      }
+    }
+  }
+  if (!flush_client(cfd, c)) return;
+  if (c.eof && c.out.empty()) close_client(cfd);
+}
+
+bool ControlServer::flush_client(int cfd, Client& c) {
+  while (!c.out.empty()) {
+    ssize_t w = send(cfd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      close_client(cfd);
+      return false;
+    }
+    c.out.erase(0, static_cast<size_t>(w));
+  }
+  epoll_event ev{};
+  // Stop reading while output is stuck (backpressure); wait for writability instead.
+  ev.events = c.out.empty() ? (EPOLLIN | EPOLLRDHUP) : EPOLLOUT;
+  if (c.eof && !c.out.empty()) ev.events = EPOLLOUT;
+  ev.data.fd = cfd;
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, cfd, &ev);
+  return true;
+}
+
+void ControlServer::close_client(int cfd) {
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, cfd, nullptr);
+  close(cfd);
+  clients_.erase(cfd);
+}
+
+// ---- Client -------------------------------------------------------------------------
+
+std::unique_ptr<ControlClient> ControlClient::connect(const std::string& path, std::string* err,
+                                                      int timeout_ms) {
+  sockaddr_un sa;
+  if (!fill_sockaddr(path, &sa)) {
+    *err = "socket path too long: " + path;
+    return nullptr;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = "socket(): " + errno_text(errno);
+    return nullptr;
+  }
+  timeval tv{};
+  tv.tv_sec = timeout_ms / 1000;
+  tv.tv_usec = (timeout_ms % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    *err = "connect " + path + ": " + errno_text(errno);
+    close(fd);
+    return nullptr;
+  }
+  return std::unique_ptr<ControlClient>(new ControlClient(fd));
+}
+
+ControlClient::~ControlClient() { close(fd_); }
+
+bool ControlClient::read_line(std::string* line) {
+  while (true) {
+    size_t nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      line->assign(buf_, 0, nl);
+      buf_.erase(0, nl + 1);
+      return true;
+    }
+    if (buf_.size() > kMaxPendingOutput) return false;
+    char tmp[8192];
+    ssize_t got = recv(fd_, tmp, sizeof(tmp), 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    buf_.append(tmp, static_cast<size_t>(got));
+  }
+}
+
+std::string ControlClient::request(std::string_view line, ControlReply* reply) {
+  *reply = ControlReply{};
+  if (line.find('\n') != std::string_view::npos) return "request contains a newline";
+  std::string msg(line);
+  msg += '\n';
+  size_t off = 0;
+  while (off < msg.size()) {
+    ssize_t w = send(fd_, msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return "send: " + errno_text(errno);
+    off += static_cast<size_t>(w);
+  }
+  std::string l;
+  while (true) {
+    if (!read_line(&l)) {
+      return errno == EAGAIN || errno == EWOULDBLOCK ? "timed out waiting for the device"
+                                                     : "connection closed by the device";
+    }
+    if (l == ".") break;
+    if (!l.empty() && l.front() == '.') l.erase(0, 1);
+    reply->lines.push_back(std::move(l));
+  }
+  if (!read_line(&l)) return "connection closed before the status line";
+  if (l == "ok") {
+    reply->ok = true;
+  } else if (l.rfind("err ", 0) == 0 || l == "err") {
+    reply->error = l.size() > 4 ? l.substr(4) : "unspecified error";
+  } else {
+    return "bad status line from the device: '" + l.substr(0, 80) + "'";
+  }
+  return "";
+}
+
+std::vector<ControlSocketInfo> find_control_sockets(const std::string& dir, bool clean_stale) {
+  std::vector<ControlSocketInfo> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  std::vector<ControlSocketInfo> cand;
+  while (dirent* e = readdir(d)) {
+    ControlSocketInfo info;
+    if (!parse_socket_name(e->d_name, &info.device, &info.pid)) continue;
+    info.path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + e->d_name;
+    cand.push_back(std::move(info));
+  }
+  closedir(d);
+  for (ControlSocketInfo& c : cand) {
+    struct stat st;
+    if (lstat(c.path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_un sa;
+    if (!fill_sockaddr(c.path, &sa)) continue;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    int e = errno;
+    close(fd);
+    if (rc == 0) {
+      out.push_back(std::move(c));
+    } else if (e == ECONNREFUSED && clean_stale && st.st_uid == geteuid()) {
+      unlink(c.path.c_str());
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ControlSocketInfo& a, const ControlSocketInfo& b) { return a.path < b.path; });
+  return out;
+}
+
+std::string select_control_socket(const std::string& dir, std::string_view device, pid_t pid,
+                                  ControlSocketInfo* out) {
+  std::vector<ControlSocketInfo> all = find_control_sockets(dir, true);
+  std::vector<ControlSocketInfo> hit;
+  for (ControlSocketInfo& s : all) {
+    if (!device.empty() && s.device != device) continue;
+    if (pid != 0 && s.pid != pid) continue;
+    hit.push_back(s);
+  }
+  if (hit.size() == 1) {
+    *out = hit[0];
+    return "";
+  }
+  std::string what;
+  if (!device.empty()) what += " device " + std::string(device);
+  if (pid != 0) what += " pid " + std::to_string(pid);
+  if (hit.empty()) {
+    std::string e = "no running softrnic device" + what + " (no live control socket in " + dir +
+                    ")";
+    if (!all.empty()) {
+      e += "; running:";
+      for (const ControlSocketInfo& s : all) e += " " + s.device + "(pid " + std::to_string(s.pid) + ")";
+    }
+    return e;
+  }
+  std::string e = std::to_string(hit.size()) + " softrnic devices" + what +
+                  " are running; choose one with --device NAME, --pid PID or --socket PATH:";
+  for (const ControlSocketInfo& s : hit) {
+    e += "\n  " + s.device + " pid " + std::to_string(s.pid) + " " + s.path;
+  }
+  return e;
+}
+
+}  // namespace rnic::emu
