@@ -75,6 +75,21 @@ struct Node {
     n.finish();
     return n;
   }
+  // Engine on real UDP at the first of `ips` whose port 4791 is free (other test binaries
+  // may hold some loopback addresses).
+  static Node on_udp_first_free(std::initializer_list<const char*> ips) {
+    for (const char* ip : ips) {
+      Node n = make_dev(ip, ErrorsMode::kSpec);
+      EngineConfig ec;
+      auto e = Engine::start(n.dev, ec);
+      if (!e) continue;
+      n.eng = *e;
+      n.finish();
+      return n;
+    }
+    ADD_FAILURE() << "no free loopback address for a device";
+    return Node{};
+  }
   static Node make_dev(const char* ip, ErrorsMode errors) {
     Node n;
     n.ip = ip;
