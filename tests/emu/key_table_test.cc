@@ -32,6 +32,7 @@ struct KeyAudit {
   Env& env;
   std::unordered_map<uint32_t, std::shared_ptr<Mr>> live;
   std::unordered_set<uint32_t> dead;
+  std::vector<uint32_t> dead_log;  // every freed key, for sampling
   uint64_t regs = 0, deregs = 0, dead_probes = 0;
 
   explicit KeyAudit(Env& e) : env(e) {}
@@ -60,6 +61,7 @@ struct KeyAudit {
     ASSERT_TRUE(env.dev->dereg_mr(it->second).is_ok());
     live.erase(it);
     dead.insert(k);
+    dead_log.push_back(k);
     ++deregs;
     // The key just freed is refused at once, locally and remotely.
     probe(k);
@@ -74,9 +76,11 @@ struct KeyAudit {
               RkeyResult::kBadKey);
   }
   void probe_sample(std::mt19937& rng, int n) {
-    if (dead.empty()) return;
-    std::vector<uint32_t> v(dead.begin(), dead.end());
-    for (int i = 0; i < n; ++i) probe(v[rng() % v.size()]);
+    if (dead_log.empty()) return;
+    for (int i = 0; i < n; ++i) {
+      uint32_t k = dead_log[rng() % dead_log.size()];
+      if (dead.count(k)) probe(k);  // skip keys reissued since (live again)
+    }
   }
   uint32_t any_live(std::mt19937& rng) {
     auto it = live.begin();
@@ -321,6 +325,7 @@ TEST(KeyTable, ConcurrentLookupsDuringChurn) {
     }
   };
   std::thread r1(reader), r2(reader);
+  while (lookups.load() < 2) std::this_thread::yield();  // both readers are running
   for (int i = 0; i < 20000; ++i) {
     auto m = *env.dev->reg_mr(env.pd, buf_addr(), 64, buf_addr(), 0);
     uint32_t k = m->lkey();
