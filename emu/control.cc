@@ -425,7 +425,12 @@ void ControlServer::accept_all() {
     } else if (cred.uid != allowed_uid_) {
       refuse = "permission denied (peer uid " + std::to_string(cred.uid) + ")";
     } else if (clients_.size() >= opt_.max_clients) {
-      refuse = "too many control connections";
+      // Full: first serve what the current clients have pending; those that have hung up
+      // are closed by it (their hang-up may sit later in this epoll batch).
+      std::vector<int> fds;
+      for (const auto& kv : clients_) fds.push_back(kv.first);
+      for (int f : fds) serve_client(f, EPOLLIN);
+      if (clients_.size() >= opt_.max_clients) refuse = "too many control connections";
     }
     if (!refuse.empty()) {
       std::string msg = ".\nerr " + refuse + "\n";
