@@ -474,20 +474,21 @@ Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
 }
 
 // PSN behind ePSN (RC): re-ACK, replay, or drop; never re-execute (C9-105 .. C9-112).
-void duplicate(Engine& e, Qp& qp, const Pkt& k) {
+// Returns true when the replay hit a fatal error (a NAK was sent; the QP must go to ERR).
+bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   bump(qp.comp_.ctr, dctr(e), Ctr::kDuplicateRequest);
   if (k.mask & (wire::kSendMask | wire::kWriteMask)) {
     if (k.p.bth().ack_req() || (k.mask & wire::kEndMask))
       send_ack(e, qp, aeth::ack(aeth::kCreditInvalid), psn_add(s.epsn, wire::kPsnMask));
-    return;
+    return false;
   }
   for (RespRes& r : s.res) {
     if (r.kind == RespRes::kFree) continue;
     if (psn_diff(k.psn, r.first_psn) < 0 || psn_diff(k.psn, r.last_psn) > 0) continue;
     if ((k.mask & wire::kAtomicMask) && r.kind == RespRes::kAtomic && k.psn == r.first_psn) {
       send_atomic_ack(e, qp, r.first_psn, r.orig, r.msn);  // never re-executed
-      return;
+      return false;
     }
     if ((k.mask & wire::kReadMask) && r.kind == RespRes::kRead) {
       const auto reth = k.p.reth();
@@ -496,15 +497,18 @@ void duplicate(Engine& e, Qp& qp, const Pkt& k) {
       // The retried READ must be a subset of the original with the same rkey.
       if (reth.rkey() != r.rkey || va < r.va || len > r.length ||
           va - r.va > r.length - len)
-        return;
+        return false;
       uint32_t fail_psn = 0;
       if (!send_read_responses(e, qp, r.rkey, k.psn, va, static_cast<uint32_t>(len), r.msn,
-                               &fail_psn))
+                               &fail_psn)) {
         send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
-      return;
+        return true;
+      }
+      return false;
     }
   }
   // No matching resource: Class D, silent drop.
+  return false;
 }
 
 // ---- UD ----
@@ -587,8 +591,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
         if (uc) bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
         return RespOutcome::kOk;
       case Step::kDuplicate:
-        duplicate(e, qp, k);
-        return RespOutcome::kOk;
+        return duplicate(e, qp, k) ? RespOutcome::kFatal : RespOutcome::kOk;
       case Step::kRnr:
         if (uc) {
           // UC: no receive WQE -> drop the message.

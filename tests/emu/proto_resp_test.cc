@@ -1,0 +1,437 @@
+// tests/emu/proto_resp_test.cc: protocol tests of the RESPONDER, Given/Expect style: a raw
+// peer port sends hand-built request packets to one device over the in-memory network and
+// checks every packet the device answers with, its completions, counters and memory.
+#include <gtest/gtest.h>
+
+#include "emu/mw.h"
+#include "tests/emu/proto_util.h"
+
+namespace rnic::emu::test {
+namespace {
+
+namespace op = wire::op;
+namespace aeth = wire::aeth;
+
+constexpr uint32_t kPeerQpn = 0x000123;
+constexpr uint32_t kEpsn = 100;
+
+class RespTest : public ::testing::Test {
+ protected:
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  std::shared_ptr<Qp> qp;
+  GuardedBuf rbuf{8192}, target{8192};
+  std::shared_ptr<Mr> mrb, mt;
+
+  void SetUp() override { setup(QpType::kRc, kEpsn); }
+  void setup(QpType t, uint32_t epsn, ConnOpts o = {}) {
+    qp = s.qp(t);
+    o.rq_psn = epsn;
+    o.sq_psn = 500;
+    o.min_rnr_timer = 12;
+    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+    mrb = s.mr(rbuf.data(), rbuf.n);
+    target.pattern(9);
+    mt = s.mr(target.data(), target.n);
+  }
+  wire::PacketFields req(uint8_t opcode, uint32_t psn, bool ack_req = true) {
+    wire::PacketFields f;
+    f.opcode = opcode;
+    f.dest_qp = qp->qpn();
+    f.psn = psn;
+    f.ack_req = ack_req;
+    return f;
+  }
+  wire::PacketFields write(uint8_t opcode, uint32_t psn, uint64_t va, uint32_t len,
+                           uint32_t rkey = 0) {
+    wire::PacketFields f = req(opcode, psn);
+    f.va = va;
+    f.rkey = rkey ? rkey : mt->rkey();
+    f.dma_len = len;
+    return f;
+  }
+  uint64_t tva(size_t off = 0) { return reinterpret_cast<uint64_t>(target.data() + off); }
+  // Let the device process everything, return what it sent.
+  std::vector<Captured> step() {
+    s.eng->poll_rx();
+    return p.recv_all();
+  }
+  void post_rbuf(uint64_t id, uint32_t len = 4096) {
+    ASSERT_TRUE(post_recv(qp, id, {sge(rbuf.data(), len, mrb)}).is_ok());
+  }
+  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
+};
+
+std::vector<uint8_t> bytes(size_t n, uint8_t v) { return std::vector<uint8_t>(n, v); }
+
+// ---- PSN sequence ----
+
+TEST_F(RespTest, PsnGapSendsOneNakThenRecovers) {
+  post_rbuf(1);
+  post_rbuf(2);
+  auto pay = bytes(16, 0x11);
+  // Given: the expected PSN is 100. Receive 102, 103, 104 (101 was lost).
+  p.send(req(op::kRcSendOnly, 102), pay);
+  p.send(req(op::kRcSendOnly, 103), pay);
+  p.send(req(op::kRcSendOnly, 104), pay);
+  auto out = step();
+  // Expect: exactly one PSN-sequence NAK naming ePSN 100; nothing executed.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+  EXPECT_EQ(out[0].psn(), kEpsn);
+  EXPECT_EQ(out[0].f.dest_qp, kPeerQpn);
+  EXPECT_EQ(ctr(Ctr::kOutOfSeqRequest), 3u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 0u);
+  // Receive more out-of-order packets: still silent (one NAK per gap).
+  p.send(req(op::kRcSendOnly, 105), pay);
+  EXPECT_EQ(step().size(), 0u);
+  // Receive 100 and 101 (go-back-N): both executed and ACKed.
+  p.send(req(op::kRcSendOnly, 100), pay);
+  p.send(req(op::kRcSendOnly, 101), pay);
+  out = step();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(out[1].psn(), 101u);
+  EXPECT_EQ(out[1].f.msn, 2u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 2u);
+  // A new gap gets a new NAK (the latch was cleared by in-order traffic).
+  p.send(req(op::kRcSendOnly, 109), pay);
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+  EXPECT_EQ(out[0].psn(), 102u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+TEST_F(RespTest, AckCoalescingOnlyOnAckReq) {
+  post_rbuf(1);
+  auto pay = bytes(1024, 0x22);
+  // Given a 3-packet SEND whose first two packets carry no AckReq.
+  p.send(req(op::kRcSendFirst, 100, false), pay);
+  p.send(req(op::kRcSendMiddle, 101, false), pay);
+  p.send(req(op::kRcSendLast, 102, true), bytes(5, 0x33));
+  auto out = step();
+  // Expect one ACK, for the last PSN.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 102u);
+  EXPECT_EQ(ctr(Ctr::kAckDeferred), 2u);
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].byte_len, 2053u);
+}
+
+// ---- duplicates ----
+
+TEST_F(RespTest, DuplicateSendIsReAckedNotReExecuted) {
+  post_rbuf(1);
+  post_rbuf(2);
+  p.send(req(op::kRcSendOnly, 100), bytes(8, 0x44));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  // Receive the same SEND again (its ACK was lost).
+  p.send(req(op::kRcSendOnly, 100), bytes(8, 0x44));
+  out = step();
+  // Expect: re-ACK at the last acknowledged PSN, no second receive completion (C9-105).
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 1u);
+  EXPECT_EQ(qp->rq().size(), 1u);  // WQE 2 still posted
+}
+
+TEST_F(RespTest, DuplicateWriteIsNotReapplied) {
+  p.send(write(op::kRcRdmaWriteOnly, 100, tva(), 4), bytes(4, 0xAA));
+  ASSERT_EQ(step().size(), 1u);
+  EXPECT_EQ(target.data()[0], 0xAA);
+  target.data()[0] = 0x55;  // the application changes it afterwards
+  p.send(write(op::kRcRdmaWriteOnly, 100, tva(), 4), bytes(4, 0xAA));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(target.data()[0], 0x55);  // not written again
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+}
+
+TEST_F(RespTest, DuplicateReadIsReplayedFromMemoryWithRkeyRecheck) {
+  // READ 3000 bytes = 3 response packets (path MTU 1024), PSNs 100..102.
+  p.send(write(op::kRcRdmaReadRequest, 100, tva(), 3000));
+  auto out = step();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadResponseFirst);
+  EXPECT_EQ(out[1].opcode(), op::kRcRdmaReadResponseMiddle);
+  EXPECT_EQ(out[2].opcode(), op::kRcRdmaReadResponseLast);
+  EXPECT_EQ(out[2].psn(), 102u);
+  EXPECT_EQ(out[2].v.payload_len, 3000u - 2048u);
+  EXPECT_EQ(0, std::memcmp(out[1].v.payload, target.data() + 1024, 1024));
+  // The memory changes; the requester retries the READ from PSN 101 (subset of the original).
+  target.data()[1024] ^= 0xFF;
+  p.send(write(op::kRcRdmaReadRequest, 101, tva(1024), 1976));
+  out = step();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadResponseFirst);
+  EXPECT_EQ(out[0].psn(), 101u);
+  EXPECT_EQ(out[1].psn(), 102u);
+  EXPECT_EQ(out[0].v.payload[0], target.data()[1024]);  // re-read, not cached
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+  // A retried READ that is not a subset of the original: dropped (Class D).
+  p.send(write(op::kRcRdmaReadRequest, 101, tva(1024), 4000));
+  EXPECT_EQ(step().size(), 0u);
+  // The MR goes away: the replay re-checks the rkey and NAKs Remote Access.
+  ASSERT_TRUE(s.dev->dereg_mr(mt).is_ok());
+  p.send(write(op::kRcRdmaReadRequest, 100, tva(), 3000, mt->rkey()));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(RespTest, DuplicateAtomicReturnsSavedValueNeverReExecutes) {
+  uint64_t* word = reinterpret_cast<uint64_t*>(target.data() + 64);
+  *word = 5;
+  wire::PacketFields f = req(op::kRcFetchAdd, 100);
+  f.va = tva(64);
+  f.rkey = mt->rkey();
+  f.swap_add = 1;
+  p.send(f);
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAtomicAcknowledge);
+  EXPECT_EQ(out[0].f.orig, 5u);
+  EXPECT_EQ(*word, 6u);
+  // Duplicate of the same FAA: the saved original value comes back; the add is not redone.
+  p.send(f);
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAtomicAcknowledge);
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(out[0].f.orig, 5u);
+  EXPECT_EQ(*word, 6u);
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+}
+
+// ---- NAK syndromes ----
+
+TEST_F(RespTest, OpcodeSequenceErrorNaksInvalidRequest) {
+  post_rbuf(1);
+  // A SEND_MIDDLE with no FIRST before it (Class C).
+  p.send(req(op::kRcSendMiddle, 100), bytes(1024, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+  // The posted receive WQE is flushed.
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kWrFlushErr);
+  // Packets to an ERR QP are dropped.
+  p.send(req(op::kRcSendOnly, 101), bytes(4, 1));
+  EXPECT_EQ(step().size(), 0u);
+}
+
+TEST_F(RespTest, BadRkeyNaksRemoteAccessAndWritesNothing) {
+  std::vector<uint8_t> before(target.data(), target.data() + target.n);
+  // Multi-packet WRITE whose range runs one byte past the MR: NAK on the FIRST packet,
+  // before any byte lands — including the in-range first packet (S05).
+  p.send(write(op::kRcRdmaWriteFirst, 100, tva(8192 - 2048), 2049), bytes(1024, 0xEE));
+  p.send(req(op::kRcRdmaWriteMiddle, 101), bytes(1024, 0xEE));
+  p.send(req(op::kRcRdmaWriteLast, 102), bytes(1, 0xEE));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+  EXPECT_EQ(0, std::memcmp(before.data(), target.data(), target.n));
+  EXPECT_TRUE(target.guards_ok());
+  EXPECT_EQ(ctr(Ctr::kRemAccessNakSent), 1u);
+}
+
+TEST_F(RespTest, BadReceiveLkeyNaksRemoteOperationalError) {
+  // The receive WQE names an lkey that does not exist (S10).
+  ASSERT_TRUE(post_recv(qp, 9, {Sge{reinterpret_cast<uint64_t>(rbuf.data()), 64, 0xdead00}}).is_ok());
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 3));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteOperationalError));
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 9u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocProtErr);  // spec mode (rxe: LOC_QP_OP_ERR)
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(RespTest, SendLongerThanReceiveBufferNaksInvalidRequest) {
+  post_rbuf(4, 10);
+  p.send(req(op::kRcSendOnly, 100), bytes(11, 3));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocLenErr);  // S11 (spec; rxe: REM_INV_REQ_ERR)
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(RespTest, NoReceiveWqeSendsRnrNakWithMinRnrTimer) {
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 3));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::rnr_nak(12));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(ctr(Ctr::kSendRnrErr), 1u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+  // After a receive is posted, the retried SEND succeeds at the same PSN.
+  post_rbuf(1);
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 3));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 1u);
+}
+
+TEST_F(RespTest, MissingQpAccessNaksInvalidRequest) {
+  // S04: qp_access_flags without REMOTE_WRITE.
+  qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  o.access = kAccessLocalWrite | kAccessRemoteRead;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  p.send(write(op::kRcRdmaWriteOnly, 100, tva(), 4), bytes(4, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(RespTest, MisalignedAtomicNaksInvalidRequest) {
+  uint64_t before = *reinterpret_cast<uint64_t*>(target.data() + 64);
+  wire::PacketFields f = req(op::kRcCompareSwap, 100);
+  f.va = tva(65);
+  f.rkey = mt->rkey();
+  p.send(f);
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  EXPECT_EQ(before, *reinterpret_cast<uint64_t*>(target.data() + 64));
+}
+
+TEST_F(RespTest, DmaLengthAbove2GNaksInvalidRequest) {
+  // S06: RETH length > 2^31 is Invalid Request even with a valid rkey.
+  p.send(write(op::kRcRdmaReadRequest, 100, tva(), 0x80000001u));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+TEST_F(RespTest, WrappingVaNaksRemoteAccess) {
+  // S06: VA near 2^64 whose range wraps: the overflow-safe range check refuses it.
+  p.send(write(op::kRcRdmaWriteOnly, 100, ~uint64_t{0} - 1, 4), bytes(4, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+}
+
+TEST_F(RespTest, WritePayloadMustMatchDmaLength) {
+  // ReDMArk A2: WRITE_ONLY whose payload disagrees with the RETH length.
+  p.send(write(op::kRcRdmaWriteOnly, 100, tva(), 8), bytes(4, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+// ---- ingress drops ----
+
+TEST_F(RespTest, CorruptIcrcIsDroppedAndCounted) {
+  post_rbuf(1);
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 3), /*corrupt_icrc=*/true);
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kIcrcErr), 1u);
+  EXPECT_EQ(qp->resp_.epsn, kEpsn);  // no state touched
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 3));
+  EXPECT_EQ(step().size(), 1u);
+}
+
+TEST_F(RespTest, UnknownQpnAndWrongSourceAreDropped) {
+  wire::PacketFields f = req(op::kRcSendOnly, 100);
+  f.dest_qp = qp->qpn() ^ 0x800000;
+  p.send(f, bytes(4, 1));
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kDropUnknownQpn), 1u);
+  // A packet from another address than the QP's peer (S33): silent drop.
+  Peer other(net, "127.0.0.9", "127.0.0.3");
+  other.send(req(op::kRcSendOnly, 100), bytes(4, 1));
+  s.eng->poll_rx();
+  EXPECT_EQ(other.recv_all().size(), 0u);
+  EXPECT_EQ(ctr(Ctr::kDropAddr), 1u);
+  EXPECT_EQ(qp->resp_.epsn, kEpsn);
+}
+
+// ---- PSN wrap ----
+
+TEST_F(RespTest, PsnWrapsAt24Bits) {
+  qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = 0xFFFFFE;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  post_rbuf(1);
+  p.send(req(op::kRcSendFirst, 0xFFFFFE, false), bytes(1024, 1));
+  p.send(req(op::kRcSendMiddle, 0xFFFFFF, false), bytes(1024, 2));
+  p.send(req(op::kRcSendLast, 0x000000, true), bytes(10, 3));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 0u);
+  EXPECT_EQ(qp->resp_.epsn, 1u);
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].byte_len, 2058u);
+  // A PSN "behind" across the wrap is a duplicate, not a gap.
+  p.send(req(op::kRcSendLast, 0xFFFFFF, true), bytes(10, 3));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+}
+
+// ---- UC ----
+
+TEST_F(RespTest, UcGapDropsUntilNextFirst) {
+  qp = s.qp(QpType::kUc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  post_rbuf(1);
+  // FIRST at 100, MIDDLE at 101 lost, LAST at 102: the message is dropped, no NAK.
+  p.send(req(op::kUcSendFirst, 100, false), bytes(1024, 1));
+  p.send(req(op::kUcSendLast, 102, false), bytes(5, 1));
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 0u);
+  // The next message (ONLY at 103) is delivered into the same, unused WQE.
+  p.send(req(op::kUcSendOnly, 103, false), bytes(7, 9));
+  EXPECT_EQ(step().size(), 0u);
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].byte_len, 7u);
+  EXPECT_EQ(rbuf.data()[0], 9);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+TEST_F(RespTest, UcBadRkeyIsDroppedQpStaysRts) {
+  qp = s.qp(QpType::kUc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  std::vector<uint8_t> before(target.data(), target.data() + target.n);
+  p.send(write(op::kUcRdmaWriteOnly, 100, tva(), 4, mt->rkey() + 1), bytes(4, 7));
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+  EXPECT_EQ(0, std::memcmp(before.data(), target.data(), target.n));
+}
+
+}  // namespace
+}  // namespace rnic::emu::test
