@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -208,6 +209,27 @@ bool parse_socket_name(std::string_view name, std::string* device, pid_t* pid) {
 }
 
 }  // namespace
+
+void append_counter_stats(const Counters& c, StatList* out) {
+  std::array<uint64_t, kNumCtrs> v = c.snapshot();
+  for (size_t i = 0; i < kNumCtrs; ++i) {
+    out->emplace_back(std::string(counter_name(static_cast<Ctr>(i))), v[i]);
+  }
+}
+
+void append_fault_stats(const FaultCounters& f, StatList* out) {
+  const std::pair<const char*, uint64_t> rows[] = {
+      {"fault_packets", f.packets},         {"fault_examined", f.examined},
+      {"fault_fired", f.fired},             {"fault_dropped", f.dropped},
+      {"fault_duplicated", f.duplicated},   {"fault_delayed", f.delayed},
+      {"fault_reordered", f.reordered},     {"fault_corrupted", f.corrupted},
+      {"fault_rewritten", f.rewritten},     {"fault_truncated", f.truncated},
+      {"fault_injected", f.injected},       {"fault_blackholed", f.blackholed},
+      {"fault_inject_unresolved", f.inject_unresolved},
+      {"fault_hold_overflow", f.hold_overflow}, {"fault_trace_overflow", f.trace_overflow},
+  };
+  for (const auto& [name, v] : rows) out->emplace_back(name, v);
+}
 
 std::string execute_control_request(ControlTarget& target, std::string_view line) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);

@@ -42,7 +42,8 @@
 #include <utility>
 #include <vector>
 
-#include "emu/fault.h"  // FaultRuleInfo
+#include "emu/counters.h"
+#include "emu/fault.h"  // FaultRuleInfo, FaultCounters
 
 namespace rnic::emu {
 
@@ -77,6 +78,12 @@ class ControlTarget {
   // Stops and closes the capture. Not capturing -> error.
   virtual std::string capture_stop() = 0;
 };
+
+// Helpers for implementing ControlTarget::stats(): append every counter of c as
+// (counter_name(ctr), value), in Ctr order; and the fault engine's totals as "fault_packets",
+// "fault_fired", "fault_dropped", ... (one per FaultCounters field).
+void append_counter_stats(const Counters& c, StatList* out);
+void append_fault_stats(const FaultCounters& f, StatList* out);
 
 // Executes one request line against target and returns the full response text
 // (data lines, ".", status line, each ending in '\n'). Never throws on bad input.

@@ -166,6 +166,27 @@ TEST(ControlRequest, ErrorMessageIsOneLine) {
   EXPECT_EQ(r.find('\n', 6), r.size() - 1) << r;  // only the final newline
 }
 
+TEST(ControlRequest, CounterAndFaultStatHelpers) {
+  Counters c;
+  c.add(Ctr::kSentPkts, 5);
+  c.add(Ctr::kRetransPkts, 2);
+  StatList l;
+  append_counter_stats(c, &l);
+  ASSERT_EQ(l.size(), kNumCtrs);
+  EXPECT_EQ(l[0], (std::pair<std::string, uint64_t>{"sent_pkts", 5}));
+  bool retrans = false;
+  for (const auto& [n, v] : l) retrans |= n == "retrans_pkts" && v == 2;
+  EXPECT_TRUE(retrans);
+  FaultCounters f;
+  f.fired = 3;
+  f.dropped = 2;
+  append_fault_stats(f, &l);
+  ASSERT_EQ(l.size(), kNumCtrs + 15);
+  EXPECT_EQ(l[kNumCtrs + 2], (std::pair<std::string, uint64_t>{"fault_fired", 3}));
+  EXPECT_EQ(l[kNumCtrs + 3], (std::pair<std::string, uint64_t>{"fault_dropped", 2}));
+  for (const auto& [n, v] : l) EXPECT_EQ(n.find(' '), std::string::npos) << n;
+}
+
 // ---- Fixtures with a real socket ------------------------------------------------------
 
 class ControlSocketTest : public ::testing::Test {
