@@ -617,7 +617,17 @@ std::string ControlClient::request(std::string_view line, ControlReply* reply) {
   while (off < msg.size()) {
     ssize_t w = send(fd_, msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return "send: " + errno_text(errno);
+    if (w < 0) {
+      // The server may have refused us before reading (peer uid, too many clients) and
+      // closed: its "err" is still queued for us and says why.
+      std::string why = "send: " + errno_text(errno);
+      std::string l;
+      if (read_line(&l) && l == "." && read_line(&l) && l.rfind("err ", 0) == 0) {
+        reply->error = l.substr(4);
+        return "";
+      }
+      return why;
+    }
     off += static_cast<size_t>(w);
   }
   std::string l;

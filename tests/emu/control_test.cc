@@ -494,6 +494,16 @@ TEST_F(ControlSocketTest, PeerWithAnotherUidIsRefused) {
   char c;
   EXPECT_EQ(recv(fd, &c, 1, 0), 0);  // and disconnected
   close(fd);
+  // The client reports the server's reason whether or not its request got sent first.
+  for (int i = 0; i < 20; ++i) {
+    std::string err;
+    auto cl = ControlClient::connect(s->socket_path(), &err);
+    ASSERT_NE(cl, nullptr) << err;
+    ControlReply r;
+    ASSERT_EQ(cl->request(i % 2 ? "capture start /tmp/x.pcap" : "info", &r), "");
+    EXPECT_FALSE(r.ok);
+    EXPECT_TRUE(r.error.starts_with("permission denied (peer uid")) << r.error;
+  }
   EXPECT_EQ(t.capture(), "");
 }
 
