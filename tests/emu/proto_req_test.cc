@@ -1,0 +1,455 @@
+// tests/emu/proto_req_test.cc: protocol tests of the REQUESTER and COMPLETER, Given/Expect
+// style: the device sends, a raw peer port plays the responder with hand-built ACKs, NAKs
+// and responses; timers are fired by hand (Engine::run_timers) so nothing depends on time.
+#include <gtest/gtest.h>
+
+#include "tests/emu/proto_util.h"
+
+namespace rnic::emu::test {
+namespace {
+
+namespace op = wire::op;
+namespace aeth = wire::aeth;
+
+constexpr uint32_t kPeerQpn = 0x000456;
+constexpr uint32_t kSpsn = 500;
+
+class ReqTest : public ::testing::Test {
+ protected:
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  std::shared_ptr<Qp> qp;
+  GuardedBuf buf{1 << 17};
+  std::shared_ptr<Mr> mb;
+  static constexpr uint64_t kRemoteVa = 0x10000;
+  static constexpr uint32_t kRkey = 0x777;
+
+  void SetUp() override { setup({}); }
+  void setup(ConnOpts o, uint32_t sq_psn = kSpsn) {
+    qp = s.qp(QpType::kRc);
+    o.sq_psn = sq_psn;
+    o.rq_psn = 1;
+    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+    buf.pattern(3);
+    mb = s.mr(buf.data(), buf.n);
+  }
+  Status post_op(WrOpcode opc, uint64_t id, uint32_t len, uint32_t flags = kSendSignaled,
+                 uint32_t off = 0) {
+    Wr w = send_wr(opc, id, {sge(buf.data() + off, len, mb)}, flags);
+    w.rdma.remote_addr = kRemoteVa;
+    w.rdma.rkey = kRkey;
+    return post(qp, w);
+  }
+  std::vector<Captured> sent() { return p.recv_all(); }
+  void respond(uint8_t opcode, uint32_t psn, uint8_t syndrome, std::span<const uint8_t> pay = {},
+               uint64_t orig = 0) {
+    wire::PacketFields f;
+    f.opcode = opcode;
+    f.dest_qp = qp->qpn();
+    f.psn = psn;
+    f.syndrome = syndrome;
+    f.msn = 1;
+    f.orig = orig;
+    p.send(f, pay);
+    s.eng->poll_rx();
+  }
+  void ack(uint32_t psn, uint8_t syn = aeth::ack(aeth::kCreditInvalid)) {
+    respond(op::kRcAcknowledge, psn, syn);
+  }
+  void fire_timers() { s.eng->run_timers(wire::monotonic_ns() + 3'600'000'000'000ull); }
+  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
+};
+
+TEST_F(ReqTest, SegmentsByMtuWithAckReqOnLast) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 3000).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].opcode(), op::kRcSendFirst);
+  EXPECT_EQ(out[1].opcode(), op::kRcSendMiddle);
+  EXPECT_EQ(out[2].opcode(), op::kRcSendLast);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].psn(), kSpsn + i);
+    EXPECT_EQ(out[i].f.dest_qp, kPeerQpn);
+    EXPECT_EQ(out[i].f.ack_req, i == 2);
+    EXPECT_EQ(out[i].f.pkey, 0xffff);
+  }
+  EXPECT_EQ(out[2].v.payload_len, 3000u - 2048u);
+  EXPECT_EQ(0, std::memcmp(out[1].v.payload, buf.data() + 1024, 1024));
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);  // not complete before the ACK
+  ack(502);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].wr_id, 1u);
+}
+
+TEST_F(ReqTest, AckReqAtLeastEvery64Packets) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 100 * 1024).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 100u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteFirst);
+  EXPECT_EQ(out[0].f.dma_len, 100u * 1024u);
+  EXPECT_EQ(out[0].f.rkey, kRkey);
+  int reqs = 0;
+  for (auto& c : out) reqs += c.f.ack_req;
+  EXPECT_EQ(reqs, 2);
+  EXPECT_TRUE(out[63].f.ack_req);
+  EXPECT_TRUE(out[99].f.ack_req);
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+TEST_F(ReqTest, CoalescedAckCompletesEveryCoveredWqeInOrder) {
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(post_op(WrOpcode::kSend, i, 10).is_ok());
+  EXPECT_EQ(sent().size(), 3u);
+  ack(kSpsn + 1);  // covers the first two
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 0u);
+  EXPECT_EQ(c[1].wr_id, 1u);
+  ack(kSpsn);  // an older ACK changes nothing
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);
+  ack(kSpsn + 2);
+  c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+}
+
+TEST_F(ReqTest, PsnSequenceNakGoesBackN) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
+  ASSERT_EQ(sent().size(), 3u);
+  // The responder lost PSN 501: it NAKs with the PSN it expects.
+  ack(kSpsn + 1, aeth::nak(aeth::kNakPsnSeqError));
+  auto out = sent();
+  // Expect: go back to 501, resend MIDDLE and LAST with the same bytes.
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteMiddle);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data() + 1024, 1024));
+  EXPECT_EQ(out[1].psn(), kSpsn + 2);
+  EXPECT_EQ(ctr(Ctr::kRcvdSeqErr), 1u);
+  ack(kSpsn + 2);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+}
+
+TEST_F(ReqTest, TimeoutRetransmitsThenRetryExceeded) {
+  ConnOpts o;
+  o.retry_cnt = 2;
+  setup(o);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
+  EXPECT_EQ(sent().size(), 2u);
+  EXPECT_NE(s.eng->next_deadline_ns(), 0u);  // the retransmit timer is armed
+  // Nobody answers: each expiry retransmits from the oldest unacknowledged PSN.
+  fire_timers();
+  auto out = sent();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  fire_timers();
+  EXPECT_EQ(sent().size(), 2u);
+  EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 2u);
+  // Third expiry with retry_cnt = 2 spent: RETRY_EXC_ERR, QP to ERR, the rest flushed.
+  fire_timers();
+  EXPECT_EQ(sent().size(), 0u);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(c[1].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+  EXPECT_EQ(ctr(Ctr::kRetryExceededErr), 1u);
+  EXPECT_EQ(ctr(Ctr::kLocalAckTimeoutErr), 3u);
+}
+
+TEST_F(ReqTest, ProgressResetsRetryCount) {
+  ConnOpts o;
+  o.retry_cnt = 1;
+  setup(o);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
+  sent();
+  fire_timers();  // one retry spent
+  sent();
+  ack(kSpsn);  // forward progress: the count is back to 1
+  fire_timers();
+  EXPECT_EQ(sent().size(), 1u);
+  ack(kSpsn + 1);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+}
+
+TEST_F(ReqTest, RnrNakWaitsForTimerThenRetries) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn, aeth::rnr_nak(14));
+  EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 1u);
+  // Blocked until the RNR timer fires: new WRs wait too.
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  fire_timers();
+  auto out = sent();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_EQ(out[1].psn(), kSpsn + 1);
+  ack(kSpsn + 1);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 2u);
+}
+
+TEST_F(ReqTest, RnrRetryExhausted) {
+  ConnOpts o;
+  o.rnr_retry = 2;
+  setup(o);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(sent().size(), 1u);
+    ack(kSpsn, aeth::rnr_nak(1));
+    fire_timers();
+  }
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn, aeth::rnr_nak(1));
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRnrRetryExcErr);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+  EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 3u);
+  EXPECT_EQ(ctr(Ctr::kRnrNakRetryErr), 1u);
+}
+
+TEST(RnrTimerTable, IbaValues) {
+  EXPECT_EQ(rnr_timer_ns(0), 655'360'000u);
+  EXPECT_EQ(rnr_timer_ns(1), 10'000u);
+  EXPECT_EQ(rnr_timer_ns(14), 1'280'000u);
+  EXPECT_EQ(rnr_timer_ns(31), 491'520'000u);
+  EXPECT_EQ(ack_timeout_ns(0), 0u);
+  EXPECT_EQ(ack_timeout_ns(14), 4096ull << 14);  // 67.1 ms
+}
+
+struct NakCase {
+  uint8_t code;
+  WcStatus status;
+};
+class NakStatusTest : public ReqTest, public ::testing::WithParamInterface<NakCase> {};
+
+TEST_P(NakStatusTest, NakCodeMapsToWcStatusAndErr) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 2, 10).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 3, 10).is_ok());
+  ASSERT_EQ(sent().size(), 3u);
+  // The NAK names the WRITE (PSN 501): the SEND before it is implicitly acknowledged.
+  ack(kSpsn + 1, aeth::nak(GetParam().code));
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(c[1].status, GetParam().status);
+  EXPECT_EQ(c[2].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+INSTANTIATE_TEST_SUITE_P(Codes, NakStatusTest,
+                         ::testing::Values(NakCase{aeth::kNakInvalidRequest, WcStatus::kRemInvReqErr},
+                                           NakCase{aeth::kNakRemoteAccessError, WcStatus::kRemAccessErr},
+                                           NakCase{aeth::kNakRemoteOperationalError, WcStatus::kRemOpErr},
+                                           NakCase{9, WcStatus::kRemOpErr}));
+
+TEST_F(ReqTest, NakForNonOutstandingPsnIsIgnored) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  sent();
+  ack(kSpsn + 50, aeth::nak(aeth::kNakRemoteAccessError));  // S31: not an outstanding PSN
+  ack(kSpsn - 3, aeth::nak(aeth::kNakRemoteAccessError));
+  EXPECT_EQ(qp->state(), QpState::kRts);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);
+  ack(kSpsn);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+TEST_F(ReqTest, ReadResponsesLandAndLostOneIsReRequested) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaRead, 1, 3000).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadRequest);
+  EXPECT_EQ(out[0].f.dma_len, 3000u);
+  EXPECT_EQ(out[0].f.va, kRemoteVa);
+  std::vector<uint8_t> data(3000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  std::span<const uint8_t> d(data);
+  // FIRST arrives, MIDDLE (501) is lost, LAST arrives: go back to 501.
+  respond(op::kRcRdmaReadResponseFirst, 500, aeth::ack(31), d.subspan(0, 1024));
+  respond(op::kRcRdmaReadResponseLast, 502, aeth::ack(31), d.subspan(2048));
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadRequest);
+  EXPECT_EQ(out[0].psn(), 501u);
+  EXPECT_EQ(out[0].f.va, kRemoteVa + 1024);
+  EXPECT_EQ(out[0].f.dma_len, 3000u - 1024u);
+  respond(op::kRcRdmaReadResponseFirst, 501, aeth::ack(31), d.subspan(1024, 1024));
+  respond(op::kRcRdmaReadResponseLast, 502, aeth::ack(31), d.subspan(2048));
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(c[0].byte_len, 3000u);
+  EXPECT_EQ(0, std::memcmp(buf.data(), data.data(), 3000));
+  EXPECT_TRUE(buf.guards_ok());
+}
+
+TEST_F(ReqTest, AckPastUnansweredReadRetriesTheRead) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaRead, 1, 100).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
+  ASSERT_EQ(sent().size(), 2u);
+  ack(kSpsn + 1);  // the SEND's ACK, but the READ response never came
+  auto out = sent();
+  ASSERT_GE(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadRequest);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);
+}
+
+TEST_F(ReqTest, AtomicAckDeliversOriginalValue) {
+  uint64_t* res = reinterpret_cast<uint64_t*>(buf.data());
+  Wr w = send_wr(WrOpcode::kAtomicCmpAndSwp, 1, {sge(res, 8, mb)});
+  w.atomic.remote_addr = 0x1000;
+  w.atomic.rkey = kRkey;
+  w.atomic.compare_add = 11;
+  w.atomic.swap = 22;
+  ASSERT_TRUE(post(qp, w).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcCompareSwap);
+  EXPECT_EQ(out[0].f.compare, 11u);
+  EXPECT_EQ(out[0].f.swap_add, 22u);
+  EXPECT_TRUE(out[0].f.ack_req);
+  respond(op::kRcAtomicAcknowledge, kSpsn, aeth::ack(31), {}, 0x0102030405060708ull);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kCompSwap);
+  EXPECT_EQ(*res, 0x0102030405060708ull);
+}
+
+TEST_F(ReqTest, InitiatorDepthLimitsOutstandingReads) {
+  ConnOpts o;
+  o.max_rd_atomic = 1;
+  setup(o);
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaRead, 1, 8).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaRead, 2, 8, kSendSignaled, 8).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);  // the second READ waits for a credit
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(31), std::vector<uint8_t>(8, 1));
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
+}
+
+TEST_F(ReqTest, FenceWaitsForOutstandingRead) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaRead, 1, 8).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 2, 8, kSendSignaled | kSendFence, 16).is_ok());
+  ASSERT_EQ(sent().size(), 1u);  // only the READ
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(31), std::vector<uint8_t>(8, 1));
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteOnly);
+}
+
+TEST_F(ReqTest, BadLkeyEmitsNoPacketAndFlushes) {
+  // S09: a local SGE outside its MR.
+  Wr w = send_wr(WrOpcode::kSend, 1, {sge(buf.data() + buf.n - 4, 8, mb)});
+  ASSERT_TRUE(post(qp, w).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 8).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocProtErr);
+  EXPECT_EQ(c[1].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(ReqTest, UnsignaledCompletesSilentlyButErrorsAlwaysReport) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 8, 0).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 8, kSendSignaled).is_ok());
+  sent();
+  ack(kSpsn + 1);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 3, 8, 0).is_ok());
+  sent();
+  ack(kSpsn + 2, aeth::nak(aeth::kNakRemoteAccessError));
+  c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 3u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+}
+
+TEST_F(ReqTest, PsnWrapsAt24Bits) {
+  setup({}, 0xFFFFFE);
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].psn(), 0xFFFFFEu);
+  EXPECT_EQ(out[1].psn(), 0xFFFFFFu);
+  EXPECT_EQ(out[2].psn(), 0u);
+  ack(0xFFFFFF, aeth::nak(aeth::kNakPsnSeqError));  // go back across the wrap
+  out = sent();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].psn(), 0xFFFFFFu);
+  EXPECT_EQ(out[1].psn(), 0u);
+  ack(0);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 8).is_ok());
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 1u);
+}
+
+TEST_F(ReqTest, WindowStopsAt128UnackedPsns) {
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 100 * 1024).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 2, 100 * 1024).is_ok());
+  auto out = sent();
+  EXPECT_EQ(out.size(), 128u);
+  ack(kSpsn + 99);
+  out = sent();
+  EXPECT_EQ(out.size(), 72u);
+  EXPECT_EQ(out.back().psn(), kSpsn + 199);
+  ack(kSpsn + 199);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 2u);
+}
+
+TEST_F(ReqTest, LocalInvalidateWaitsForEarlierWqes) {
+  auto mw = *s.dev->alloc_mw(s.pd, MwType::kType2);
+  GuardedBuf win(256);
+  auto mbind = s.mr(win.data(), win.n, kAccessLocalWrite | kAccessRemoteRead | kAccessMwBind);
+  // Bind a type-2 MW through the QP, then LOCAL_INV it after a SEND.
+  Wr b = send_wr(WrOpcode::kBindMw, 1, {});
+  b.bind_mw.mw_rkey = mw->rkey();
+  b.bind_mw.new_rkey = (mw->rkey() & ~0xffu) | 0x42;
+  b.bind_mw.mr_lkey = mbind->lkey();
+  b.bind_mw.addr = reinterpret_cast<uint64_t>(win.data());
+  b.bind_mw.length = 64;
+  b.bind_mw.access = kAccessRemoteRead;
+  ASSERT_TRUE(post(qp, b).is_ok());
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kBindMw);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 8).is_ok());
+  Wr inv = send_wr(WrOpcode::kLocalInv, 3, {});
+  inv.invalidate_rkey = b.bind_mw.new_rkey;
+  ASSERT_TRUE(post(qp, inv).is_ok());
+  EXPECT_EQ(mw->view().state, MwState::kValid);  // waits behind the SEND
+  sent();
+  ack(kSpsn);
+  c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].opcode, WcOpcode::kLocalInv);
+  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(mw->view().state, MwState::kFree);
+}
+
+}  // namespace
+}  // namespace rnic::emu::test
