@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Conformance single: runs one unmodified program through scripts/softrnic with a timeout
+# and checks its exit status and that its output matches every --expect REGEX.
+#   single.sh [--preload] [--expect REGEX]... [--timeout S] -- PROGRAM [ARGS...]
+# Needs SOFTRNIC_SHIM_DIR (the directory holding the built libibverbs.so.1).
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+launcher="$here/../../scripts/softrnic"
+mode=()
+expects=()
+tmo=30
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --preload) mode=(--preload); shift ;;
+    --expect) expects+=("$2"); shift 2 ;;
+    --timeout) tmo="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export SOFTRNIC_RUNTIME_DIR="$work/rt"
+
+timeout -k 5 "$tmo" "$launcher" run "${mode[@]}" -- "$@" >"$work/out" 2>&1
+rc=$?
+echo "== $* (exit $rc)"
+cat "$work/out"
+fail=0
+[ "$rc" -eq 0 ] || { echo "FAIL: exit $rc"; fail=1; }
+for re in "${expects[@]}"; do
+  grep -Eq -- "$re" "$work/out" || { echo "FAIL: output lacks /$re/"; fail=1; }
+done
+if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/out"; then
+  echo "FAIL: loader error"; fail=1
+fi
+exit "$fail"
