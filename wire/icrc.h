@@ -19,6 +19,7 @@ enum class Crc32Impl : uint8_t {
   kIsal,     // ISA-L crc32_gzip_refl() (only when built with SOFTRNIC_HAVE_ISAL)
   kSlice8,   // own table-driven slicing-by-8
   kPclmul,   // own carry-less-multiply folding (x86-64 with PCLMULQDQ + SSE4.1 at run time)
+  kVpclmul,  // own AVX-512 VPCLMULQDQ folding for >= 256 B (else kPclmul); x86-64 at run time
 };
 const char* crc32_impl_name(Crc32Impl impl);
 // False if the implementation is not compiled in or the CPU lacks the instructions.

@@ -1,5 +1,5 @@
 // Google Benchmark of the CRC-32 implementations behind the ICRC (zlib, ISA-L, own
-// slicing-by-8, own PCLMULQDQ folding) at 64 B, 1 KiB and 4 KiB, plus the full ICRC (fast form and datagram form)
+// slicing-by-8, own PCLMULQDQ and AVX-512 VPCLMULQDQ folding) at 64 B, 1 KiB and 4 KiB, plus the full ICRC (fast form and datagram form)
 // with the default implementation. Run: icrc_bench --benchmark_repetitions=5
 // --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -35,6 +35,7 @@ BENCHMARK_CAPTURE(BM_Crc32, zlib, Crc32Impl::kZlib)->Arg(64)->Arg(1024)->Arg(409
 BENCHMARK_CAPTURE(BM_Crc32, isal, Crc32Impl::kIsal)->Arg(64)->Arg(1024)->Arg(4096);
 BENCHMARK_CAPTURE(BM_Crc32, slice8, Crc32Impl::kSlice8)->Arg(64)->Arg(1024)->Arg(4096);
 BENCHMARK_CAPTURE(BM_Crc32, pclmul, Crc32Impl::kPclmul)->Arg(64)->Arg(1024)->Arg(4096);
+BENCHMARK_CAPTURE(BM_Crc32, vpclmul, Crc32Impl::kVpclmul)->Arg(64)->Arg(1024)->Arg(4096);
 
 // Full ICRC of a RoCE packet whose UDP payload is range(0) bytes (BTH..pad, no ICRC),
 // from socket metadata (the send/receive hot path).

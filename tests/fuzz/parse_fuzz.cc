@@ -69,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)icrc_check(plain, in);
   // Differential check of the CRC-32 implementations.
   uint32_t ref = crc32_update(Crc32Impl::kZlib, 0, in);
-  for (Crc32Impl impl : {Crc32Impl::kIsal, Crc32Impl::kSlice8, Crc32Impl::kPclmul}) {
+  for (Crc32Impl impl : {Crc32Impl::kIsal, Crc32Impl::kSlice8, Crc32Impl::kPclmul,
+                          Crc32Impl::kVpclmul}) {
     if (crc32_impl_available(impl)) check(crc32_update(impl, 0, in) == ref);
   }
   return 0;

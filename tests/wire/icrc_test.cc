@@ -25,7 +25,7 @@ std::vector<uint8_t> from_hex(const std::string& h) {
 }
 
 const Crc32Impl kImpls[] = {Crc32Impl::kZlib, Crc32Impl::kIsal, Crc32Impl::kSlice8,
-                            Crc32Impl::kPclmul};
+                            Crc32Impl::kPclmul, Crc32Impl::kVpclmul};
 
 TEST(Crc32Test, CheckValueAllImpls) {
   const std::string s = "123456789";
@@ -39,11 +39,13 @@ TEST(Crc32Test, CheckValueAllImpls) {
 }
 
 TEST(Crc32Test, DefaultIsFastestAvailable) {
-  // Benchmark order (tests/bench/icrc_bench): ISA-L > own PCLMUL > zlib ~ slice-by-8.
+  // Benchmark order (tests/bench/icrc_bench): ISA-L >= own VPCLMUL > own PCLMUL > zlib, slice8.
   Crc32Impl d = crc32_default_impl();
   EXPECT_TRUE(crc32_impl_available(d));
   if (crc32_impl_available(Crc32Impl::kIsal)) {
     EXPECT_EQ(d, Crc32Impl::kIsal);
+  } else if (crc32_impl_available(Crc32Impl::kVpclmul)) {
+    EXPECT_EQ(d, Crc32Impl::kVpclmul);
   } else if (crc32_impl_available(Crc32Impl::kPclmul)) {
     EXPECT_EQ(d, Crc32Impl::kPclmul);
   }
@@ -56,7 +58,8 @@ TEST(Crc32Test, ImplsAgreeOnAllLengthsAlignmentsAndChaining) {
   std::vector<uint8_t> buf(5000 + 16);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
   for (size_t len : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 79, 80, 81, 127,
-                     128, 129, 143, 191, 192, 255, 256, 257, 1000, 1024, 4096, 5000}) {
+                     128, 129, 143, 191, 192, 255, 256, 257, 271, 272, 319, 320, 511, 512,
+                     513, 1000, 1024, 4096, 5000}) {
     for (size_t align = 0; align < 8; ++align) {
       std::span<const uint8_t> d(buf.data() + align, len);
       uint32_t ref = crc32_update(Crc32Impl::kZlib, 0, d);
