@@ -143,7 +143,8 @@ ParseError parse_ip_datagram(std::span<const uint8_t> ip, PacketView* out, IpUdp
     size_t total = load_be16(ip.data() + 2);
     if (ihl < kIpv4HdrBytes || total < ihl || total > ip.size()) return ParseError::kBadIpHeader;
     uint16_t frag = load_be16(ip.data() + 6);
-    if (frag & 0x3fff) return ParseError::kIpFragment;  // MF or fragment offset
+    if (frag & 0x8000) return ParseError::kBadIpHeader;  // reserved flag (RFC 791: zero)
+    if (frag & 0x3fff) return ParseError::kIpFragment;   // MF or fragment offset
     if (ip[9] != kIpProtoUdp) return ParseError::kNotUdp;
     m.ipv6 = false;
     m.tos = ip[1];

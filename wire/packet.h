@@ -66,7 +66,7 @@ enum class ParseError : uint8_t {
   kPadMismatch,       // pad count larger than payload area, or packet not a multiple of 4 bytes
   kBadLength,         // payload length illegal for opcode (payload on ACK/READ_REQ/CNP, ...)
   kBadIcrc,
-  kBadIpHeader,       // bad version/IHL/total length, or IPv6 next header not UDP-able
+  kBadIpHeader,       // bad version/IHL/total length, IPv4 reserved flag set, IP/Ethertype clash
   kIpFragment,        // IPv4 MF set or fragment offset != 0
   kNotUdp,
   kBadUdpLength,      // UDP length disagrees with IP length

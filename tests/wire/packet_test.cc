@@ -512,6 +512,14 @@ TEST_F(MalformedTest, Ipv4Fragment) {
   EXPECT_EQ(ip(d), ParseError::kIpFragment);
 }
 
+TEST_F(MalformedTest, Ipv4ReservedFlag) {
+  auto d = ip_;
+  store_be16(d.data() + 6, 0xc000);  // reserved bit + DF
+  EXPECT_EQ(ip(d, /*check=*/false), ParseError::kBadIpHeader);
+  store_le32(d.data() + d.size() - 4, icrc_compute(d));  // even with a matching ICRC
+  EXPECT_EQ(ip(d), ParseError::kBadIpHeader);
+}
+
 TEST_F(MalformedTest, NotUdp) {
   auto d = ip_;
   d[9] = 6;
