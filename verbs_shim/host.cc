@@ -14,6 +14,8 @@
 #include <string>
 
 #include "emu/engine.h"
+#include "verbs_shim/control.h"
+#include "emu/services.h"
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
@@ -21,6 +23,8 @@ namespace {
 
 std::mutex g_host_mu;
 Host* g_host = nullptr;  // one device per process in embedded mode
+// Faults, capture and control socket of g_host's device (emu/services.h); guarded by g_host_mu.
+std::unique_ptr<emu::DeviceServices> g_services;
 
 // Tries to bind UDP 4791 on `ip`; returns 0 if the address is free (socket closed again),
 // else the errno (EADDRINUSE when another device holds it).
@@ -114,6 +118,30 @@ int start_device(Host* h) {
     dev->close();
     return rc;
   }
+  // SOFTRNIC_FAULTS*/PCAP/CONTROL: a bad value fails the open with a message.
+  emu::ServicesOptions so;
+  std::string serr = emu::ServicesOptions::from_env(&so);
+  if (serr.empty()) g_services = emu::DeviceServices::create(dev, so, &serr);
+  if (!serr.empty()) {
+    log_error("%s; cannot open the device", serr.c_str());
+    g_services.reset();
+    dev->close();
+    return EINVAL;
+  }
+  // SOFTRNIC_FAULTS* and SOFTRNIC_PCAP: a bad value fails the open (EINVAL).
+  auto ctl = std::make_unique<DeviceControl>(dev);
+  std::string err = ctl->apply_env(h->cfg_.pcap);
+  if (!err.empty()) {
+    log_error("%s; cannot open the device", err.c_str());
+    ctl->shutdown();
+    if (emu::Engine* eng = dev->engine()) eng->stop();
+    dev->close();
+    return EINVAL;
+  }
+  // The control socket (softrnic stats|fault|capture) is a convenience: never fatal.
+  err = ctl->serve();
+  if (!err.empty()) log_msg(LogLevel::kInfo, "no control socket: %s", err.c_str());
+  h->control_ = std::move(ctl);
   h->dev_ = std::move(dev);
   return 0;
 }
@@ -176,14 +204,17 @@ void host_release(Host* host) {
     std::lock_guard<std::mutex> lk(g_host_mu);
     if (--host->refs_ > 0) return;
     if (g_host == host) g_host = nullptr;
+    g_services.reset();  // control socket, port filter and capture go before the engine
   }
   uint64_t one = 1;
   ssize_t w = write(host->stop_fd_, &one, sizeof one);
   (void)w;
   if (host->dispatcher_.joinable()) host->dispatcher_.join();
   close(host->stop_fd_);
+  if (host->control_) host->control_->shutdown();
   if (emu::Engine* e = host->dev_->engine()) e->stop();
   host->dev_->close();
+  host->control_.reset();
   host->dev_.reset();
   delete host;
 }

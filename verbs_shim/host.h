@@ -19,6 +19,7 @@ namespace rnic::shim {
 
 struct DeviceEntry;
 struct Context;
+class DeviceControl;
 
 // One running device. Fields other than contexts_ are written once in host_acquire.
 struct Host {
@@ -26,6 +27,7 @@ struct Host {
   Config cfg_;
   in_addr ip_{};  // bound address (network order)
   std::shared_ptr<emu::Device> dev_;
+  std::unique_ptr<DeviceControl> control_;  // faults, capture, control socket
   int refs_ = 0;  // guarded by the host registry mutex
   // Async events: a dispatcher thread moves emu's device-wide events into the owning
   // context's queue (port events go to every context).

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# SOFTRNIC_* configuration through unmodified tools: good values take effect, a bad value
+# makes the open fail with a message naming the variable, and SOFTRNIC_PCAP writes a
+# capture that tshark decodes as RoCE with nothing malformed. Needs SOFTRNIC_SHIM_DIR.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+launcher="$here/../../scripts/softrnic"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export SOFTRNIC_RUNTIME_DIR="$work/rt"
+fail=0
+run() { timeout -k 5 30 "$launcher" run -- "$@"; }
+
+check() {  # name, expected-exit (0|nz), regex, env assignment..., -- cmd...
+  local name=$1 want=$2 re=$3; shift 3
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local out rc
+  out=$(env "${envs[@]}" timeout -k 5 30 "$launcher" run -- "$@" 2>&1)
+  rc=$?
+  local ok=1
+  if [ "$want" = 0 ]; then [ "$rc" -eq 0 ] || ok=0; else [ "$rc" -ne 0 ] || ok=0; fi
+  grep -Eq -- "$re" <<<"$out" || ok=0
+  if [ "$ok" = 1 ]; then echo "ok   $name"; else echo "FAIL $name (exit $rc)"; echo "$out" | tail -5; fail=1; fi
+}
+
+check bad_mtu nz 'SOFTRNIC_MTU' SOFTRNIC_MTU=1000 -- ibv_devinfo
+check bad_ip nz 'SOFTRNIC_IP' SOFTRNIC_IP=300.1.2.3 -- ibv_devinfo
+check bad_log nz 'SOFTRNIC_LOG' SOFTRNIC_LOG=loud -- ibv_devinfo
+check bad_faults nz 'SOFTRNIC_FAULTS' SOFTRNIC_FAULTS='not a rule' -- ibv_devinfo
+check bad_pcap nz 'SOFTRNIC_PCAP' SOFTRNIC_PCAP=/nonexistent/dir/x.pcap -- ibv_devinfo
+check bad_name_lists_nothing 0 'SOFTRNIC_NAME' 'SOFTRNIC_NAME=bad name!' -- ibv_devices
+check name 0 'mydev0' SOFTRNIC_NAME=mydev0 -- ibv_devices
+check ip 0 'GID\[  0\]:.*::ffff:127\.0\.0\.77, RoCE v2' SOFTRNIC_IP=127.0.0.77 -- ibv_devinfo -v
+check mtu 0 'active_mtu:[[:space:]]+1024' SOFTRNIC_MTU=1024 -- ibv_devinfo
+
+# SOFTRNIC_PCAP on both sides of an RC ping-pong; tshark must decode every packet as RoCE,
+# none malformed (ICRC values themselves are checked by the wire tests).
+port=19690
+SOFTRNIC_PCAP="$work/srv.pcap" timeout -k 5 60 "$launcher" run -- ibv_rc_pingpong -g 0 -n 20 -p $port >"$work/s.out" 2>&1 &
+spid=$!
+for _ in $(seq 1 100); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+SOFTRNIC_PCAP="$work/cli-%p.pcap" timeout -k 5 60 "$launcher" run -- ibv_rc_pingpong -g 0 -n 20 -p $port 127.0.0.1 >"$work/c.out" 2>&1
+crc=$?
+wait $spid
+src=$?
+if [ $crc -ne 0 ] || [ $src -ne 0 ]; then echo "FAIL pcap pingpong (exit $src/$crc)"; cat "$work/s.out" "$work/c.out"; fail=1; fi
+for f in "$work/srv.pcap" "$work"/cli-*.pcap; do
+  [ -s "$f" ] || { echo "FAIL pcap: $f missing or empty"; fail=1; continue; }
+  total=$(tshark -r "$f" 2>/dev/null | wc -l)
+  roce=$(tshark -r "$f" -Y infiniband 2>/dev/null | wc -l)
+  bad=$(tshark -n -r "$f" --disable-protocol rpcordma \
+          -Y '_ws.malformed || _ws.expert.severity >= error || !infiniband' 2>/dev/null | wc -l)
+  if [ "$total" -gt 40 ] && [ "$roce" -eq "$total" ] && [ "$bad" -eq 0 ]; then
+    echo "ok   pcap $(basename "$f"): $total packets, all RoCE, none malformed"
+  else
+    echo "FAIL pcap $(basename "$f"): total=$total roce=$roce malformed=$bad"; fail=1
+  fi
+done
+exit $fail
