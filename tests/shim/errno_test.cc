@@ -287,6 +287,31 @@ TEST_F(ErrnoTest, SharedReceiveQueue) {
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
 }
 
+// Async events travel from the engine's device queue to the owning context's async_fd.
+TEST_F(ErrnoTest, AsyncEventReachesOwningContext) {
+  ibv_srq_init_attr si{};
+  si.attr.max_wr = 4;
+  si.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ASSERT_NE(srq, nullptr);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, srq);
+  ASSERT_NE(qp, nullptr);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+  // A QP with an SRQ entering ERR reports LAST_WQE_REACHED (IBA 11.6.3.2).
+  pollfd p{ctx_->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+  EXPECT_EQ(ev.element.qp, qp);
+  ibv_ack_async_event(&ev);
+  EXPECT_EQ(qp->events_completed, 1u);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
 TEST_F(ErrnoTest, AddressHandle) {
   ibv_ah_attr aa{};
   aa.is_global = 0;  // RoCE needs a GRH
