@@ -112,11 +112,14 @@ TEST_P(OpsTest, MovesBytesExactly) {
       EXPECT_TRUE(rc[0].wc_flags & kWcGrh);
     }
   } else if (type == QpType::kUc) {
-    // UC WRITE has no remote completion: wait until the bytes land.
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::memcmp(local.data(), remote.data(), size) != 0 &&
-           std::chrono::steady_clock::now() < end)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // UC WRITE has no remote completion: a zero-length SEND behind it on the same QP
+    // completes at b only after the WRITE's bytes have landed (in-order delivery).
+    ASSERT_TRUE(post_recv(qb, 78, {sge(rbuf.data(), 8, mrb)}).is_ok());
+    ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 6, {})).is_ok());
+    auto rc = poll_n(*p.b.rcq, 1, 20000);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_EQ(rc[0].wr_id, 78u);
+    EXPECT_EQ(poll_n(*p.a.scq, 1, 20000).size(), 1u);
   }
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(
                 std::chrono::steady_clock::now() - t0).count();
