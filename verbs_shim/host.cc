@@ -15,7 +15,6 @@
 
 #include "emu/engine.h"
 #include "verbs_shim/control.h"
-#include "emu/services.h"
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
@@ -23,8 +22,6 @@ namespace {
 
 std::mutex g_host_mu;
 Host* g_host = nullptr;  // one device per process in embedded mode
-// Faults, capture and control socket of g_host's device (emu/services.h); guarded by g_host_mu.
-std::unique_ptr<emu::DeviceServices> g_services;
 
 // Tries to bind UDP 4791 on `ip`; returns 0 if the address is free (socket closed again),
 // else the errno (EADDRINUSE when another device holds it).
@@ -118,16 +115,6 @@ int start_device(Host* h) {
     dev->close();
     return rc;
   }
-  // SOFTRNIC_FAULTS*/PCAP/CONTROL: a bad value fails the open with a message.
-  emu::ServicesOptions so;
-  std::string serr = emu::ServicesOptions::from_env(&so);
-  if (serr.empty()) g_services = emu::DeviceServices::create(dev, so, &serr);
-  if (!serr.empty()) {
-    log_error("%s; cannot open the device", serr.c_str());
-    g_services.reset();
-    dev->close();
-    return EINVAL;
-  }
   // SOFTRNIC_FAULTS* and SOFTRNIC_PCAP: a bad value fails the open (EINVAL).
   auto ctl = std::make_unique<DeviceControl>(dev);
   std::string err = ctl->apply_env(h->cfg_.pcap);
@@ -204,7 +191,6 @@ void host_release(Host* host) {
     std::lock_guard<std::mutex> lk(g_host_mu);
     if (--host->refs_ > 0) return;
     if (g_host == host) g_host = nullptr;
-    g_services.reset();  // control socket, port filter and capture go before the engine
   }
   uint64_t one = 1;
   ssize_t w = write(host->stop_fd_, &one, sizeof one);
