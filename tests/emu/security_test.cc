@@ -1,0 +1,367 @@
+// tests/emu/security_test: the security conformance scenarios S31-S36 of checks-and-faults.md
+// §6. Client C and server S are devices with running engines on real loopback UDP (port 4791);
+// the attacker A forges RoCEv2 packets (correct ICRC) through a plain UDP socket. Each test
+// asserts statuses on both sides, QP states, counters, and that no byte outside the granted
+// range changed (guard bands on every buffer).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "emu/services.h"
+#include "tests/emu/proto_util.h"
+#include "wire/packet.h"
+#include "wire/udp_port.h"
+
+namespace rnic::emu {
+namespace {
+
+using test::Node;
+
+bool wait_until(const std::function<bool()>& pred, int timeout_ms = 5000) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+// The attacker: a UDP socket bound to any local address (spoofing = binding the victim's
+// IP with another UDP port; the address check looks at IPs only).
+struct Attacker {
+  std::unique_ptr<wire::UdpPort> port;
+  explicit Attacker(const std::string& ip) {
+    wire::UdpPortOptions o;
+    o.bind = *wire::Endpoint::parse(ip, 0);
+    int err = 0;
+    port = wire::UdpPort::open(o, &err);
+    EXPECT_NE(port, nullptr) << "attacker bind " << ip << ": " << err;
+  }
+  // Builds f + payload with a correct ICRC for (our address -> to:4791) and sends it.
+  void send(const std::string& to, const wire::PacketFields& f,
+            std::span<const uint8_t> payload = {}) {
+    std::vector<wire::PacketFields> one{f};
+    send_many(to, one, payload);
+  }
+  void send_many(const std::string& to, const std::vector<wire::PacketFields>& fs,
+                 std::span<const uint8_t> payload = {}) {
+    wire::Endpoint dst = *wire::Endpoint::parse(to, wire::kRoceUdpPort);
+    wire::IpUdpMeta m;
+    std::memcpy(m.src, port->local().addr, 16);
+    std::memcpy(m.dst, dst.addr, 16);
+    m.src_port = port->local().port;
+    m.dst_port = dst.port;
+    constexpr size_t kBatch = 64;
+    std::vector<std::vector<uint8_t>> bufs(kBatch, std::vector<uint8_t>(8192));
+    std::vector<wire::TxDesc> descs(kBatch);
+    for (size_t i = 0; i < fs.size(); i += kBatch) {
+      size_t n = std::min(kBatch, fs.size() - i);
+      for (size_t k = 0; k < n; ++k) {
+        size_t len = wire::build_roce(bufs[k], fs[i + k], payload, m);
+        ASSERT_GT(len, 0u);
+        descs[k] = wire::TxDesc{dst, bufs[k].data(), static_cast<uint32_t>(len), 0};
+      }
+      size_t done = 0;
+      while (done < n) {
+        int r = port->send_batch(std::span<const wire::TxDesc>(descs.data() + done, n - done));
+        ASSERT_GE(r, 0);
+        done += static_cast<size_t>(r);
+      }
+    }
+  }
+};
+
+uint64_t qctr(const std::shared_ptr<Qp>& q, Ctr c) { return q->comp_.ctr.get(c); }
+
+// C (client) and S (server), one RC pair, C's source buffer and S's target buffer with guards.
+class SecurityTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kLen = 4096;
+  static constexpr uint32_t kPsn = 100;  // C's sq_psn == S's rq_psn
+
+  // Addresses per test so that back-to-back tests never share a socket address.
+  void start(int subnet, test::ConnOpts o = {}) {
+    c_ip_ = "127.31." + std::to_string(subnet) + ".1";
+    s_ip_ = "127.31." + std::to_string(subnet) + ".2";
+    a_ip_ = "127.31." + std::to_string(subnet) + ".3";
+    c_ = Node::on_udp(c_ip_.c_str());
+    s_ = Node::on_udp(s_ip_.c_str());
+    ASSERT_TRUE(c_.eng && s_.eng);
+    qc_ = c_.qp(QpType::kRc);
+    qs_ = s_.qp(QpType::kRc);
+    o.sq_psn = kPsn;
+    o.rq_psn = kPsn;
+    test::connect_pair(c_, qc_, s_, qs_, o);
+    src_ = std::make_unique<test::GuardedBuf>(kLen);
+    dst_ = std::make_unique<test::GuardedBuf>(kLen, 0x5a);
+    src_->pattern(3);
+    mc_ = c_.mr(src_->data(), kLen);
+    ms_ = s_.mr(dst_->data(), kLen);
+  }
+  void TearDown() override {
+    svc_.reset();
+    if (c_.eng) c_.eng->stop();
+    if (s_.eng) s_.eng->stop();
+  }
+
+  void post_write(uint32_t len, uint64_t id = 1) {
+    auto wr = test::send_wr(WrOpcode::kRdmaWrite, id, {test::sge(src_->data(), len, mc_)});
+    wr.rdma.remote_addr = reinterpret_cast<uint64_t>(dst_->data());
+    wr.rdma.rkey = ms_->rkey();
+    ASSERT_TRUE(test::post(qc_, wr).is_ok());
+  }
+  std::vector<Cqe> c_completions(size_t n, int timeout_ms = 10000) {
+    return test::poll_n(*c_.scq, n, timeout_ms);
+  }
+  // A forged RDMA WRITE_ONLY to S's QP at S's target buffer.
+  wire::PacketFields forged_write(uint32_t psn, uint32_t rkey, uint32_t len) const {
+    wire::PacketFields f;
+    f.opcode = wire::op::kRcRdmaWriteOnly;
+    f.dest_qp = qs_->qpn();
+    f.psn = psn;
+    f.ack_req = true;
+    f.va = reinterpret_cast<uint64_t>(dst_->data());
+    f.rkey = rkey;
+    f.dma_len = len;
+    return f;
+  }
+  bool target_is(uint8_t fill) const {
+    for (uint32_t i = 0; i < kLen; ++i)
+      if (dst_->mem[test::GuardedBuf::kGuard + i] != fill) return false;
+    return true;
+  }
+
+  std::string c_ip_, s_ip_, a_ip_;
+  Node c_, s_;
+  std::shared_ptr<Qp> qc_, qs_;
+  std::unique_ptr<test::GuardedBuf> src_, dst_;
+  std::shared_ptr<Mr> mc_, ms_;
+  std::unique_ptr<DeviceServices> svc_;
+};
+
+// S31: a NAK (0x62) spoofed from S's IP with the PSN of C's outstanding WRITE completes it with
+// REM_ACCESS_ERR although S is healthy; a NAK with a PSN that is not outstanding is ignored.
+TEST_F(SecurityTest, S31_SpoofedRemoteAccessNakFailsOutstandingWrite) {
+  test::ConnOpts o;
+  o.timeout = 20;  // ~4 s: no retransmission during the test
+  ASSERT_NO_FATAL_FAILURE(start(31, o));
+  // Keep C's WRITE outstanding: C's own fault engine drops it on the way out (S stays healthy
+  // and never sees it).
+  ServicesOptions so;
+  so.control = ControlMode::kOff;
+  so.faults = "dir=tx class=write => drop";
+  std::string err;
+  svc_ = DeviceServices::create(c_.dev, so, &err);
+  ASSERT_NE(svc_, nullptr) << err;
+  post_write(256);
+  ASSERT_TRUE(wait_until([&] { return svc_->faults().counters().dropped >= 1; }));
+
+  Attacker a(s_ip_);  // S's IP, another UDP port
+  wire::PacketFields nak;
+  nak.opcode = wire::op::kRcAcknowledge;
+  nak.dest_qp = qc_->qpn();
+  // First a NAK (invalid request) for a PSN C never sent: must be ignored.
+  nak.psn = kPsn + 50;
+  nak.syndrome = 0x61;
+  a.send(c_ip_, nak);
+  // Then remote access error for the outstanding PSN.
+  nak.psn = kPsn;
+  nak.syndrome = 0x62;
+  a.send(c_ip_, nak);
+
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);  // not REM_INV_REQ: the first was ignored
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(qc_->state(), QpState::kErr);
+  EXPECT_EQ(qctr(qc_, Ctr::kRemAccessNakRcvd), 1u);
+  // S is untouched and healthy.
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+  EXPECT_EQ(qctr(qs_, Ctr::kRcvdPkts), 0u);
+  EXPECT_EQ(qctr(qs_, Ctr::kNakSent) + qctr(qs_, Ctr::kRemAccessNakSent), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+  EXPECT_TRUE(dst_->guards_ok());
+  EXPECT_TRUE(src_->guards_ok());
+}
+
+// S32: a WRITE_ONLY forged with C's source IP, the exact ePSN, the right QPN and rkey is
+// executed; C's genuine WRITE with that PSN is then a duplicate: ACKed, not executed, and C
+// sees SUCCESS while A's data is in memory. (Reproduced on purpose: no sentinel mode yet.)
+TEST_F(SecurityTest, S32_ForgedWriteWithExactPsnFromClientIpIsExecuted) {
+  ASSERT_NO_FATAL_FAILURE(start(32));
+  Attacker a(c_ip_);  // C's IP, another UDP port (the source port is not checked)
+  std::vector<uint8_t> evil(512, 0xEE);
+  a.send(s_ip_, forged_write(kPsn, ms_->rkey(), 512), evil);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kRdmaRecvs) == 1; }));
+
+  post_write(512);  // C's genuine WRITE, PSN kPsn
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDuplicateRequest) == 1; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 1u);  // only A's was executed
+  EXPECT_EQ(qc_->state(), QpState::kRts);
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+  for (uint32_t i = 0; i < 512; ++i) ASSERT_EQ(dst_->data()[i], 0xEE) << i;
+  for (uint32_t i = 512; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
+  EXPECT_TRUE(dst_->guards_ok());
+  // The connection goes on: the next PSN executes normally.
+  post_write(64, 2);
+  c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 64), 0);
+}
+
+// S33: the same forged WRITE from A's own IP is dropped silently at the address check: no NAK,
+// ePSN unchanged (C's genuine WRITE then executes), drop_addr_mismatch counts it.
+TEST_F(SecurityTest, S33_ForgedWriteFromForeignIpDroppedAtAddressCheck) {
+  ASSERT_NO_FATAL_FAILURE(start(33));
+  Attacker a(a_ip_);
+  std::vector<uint8_t> evil(512, 0xEE);
+  a.send(s_ip_, forged_write(kPsn, ms_->rkey(), 512), evil);
+  ASSERT_TRUE(wait_until([&] { return s_.eng->counters().get(Ctr::kDropAddr) == 1; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 0u);
+  EXPECT_EQ(s_.eng->counters().get(Ctr::kNakSent), 0u);
+  EXPECT_EQ(s_.eng->counters().get(Ctr::kRemAccessNakSent), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+
+  post_write(512);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
+  for (uint32_t i = 512; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
+  EXPECT_TRUE(dst_->guards_ok());
+  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  EXPECT_EQ(qc_->state(), QpState::kRts);
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+}
+
+// S34: a sweep of 2^16 PSNs ahead of ePSN (spoofed from C's IP, valid rkey) executes nothing
+// and draws at most one PSN-sequence NAK; C's connection survives.
+TEST_F(SecurityTest, S34_PsnSweepAheadExecutesNothingOneNakPerGap) {
+  ASSERT_NO_FATAL_FAILURE(start(34));
+  Attacker a(c_ip_);
+  std::vector<uint8_t> evil(64, 0xEE);
+  std::vector<wire::PacketFields> sweep;
+  sweep.reserve(1 << 16);
+  for (uint32_t k = 1; k <= (1u << 16); ++k) sweep.push_back(forged_write((kPsn + k) & 0xFFFFFF, ms_->rkey(), 64));
+  uint64_t rx0 = s_.eng->port().counters().rx_packets;
+  a.send_many(s_ip_, sweep, evil);
+  // Wait until S has taken in what the kernel delivered (some may be lost to the socket
+  // buffer; that is fine): its receive count stops moving.
+  uint64_t last = 0;
+  int still = 0;
+  wait_until([&] {
+    uint64_t now = s_.eng->port().counters().rx_packets - rx0;
+    still = now == last ? still + 1 : 0;
+    last = now;
+    return now >= (1u << 16) || still >= 200;
+  }, 20000);
+  EXPECT_GT(last, 0u);
+  uint64_t oos = qctr(qs_, Ctr::kOutOfSeqRequest);
+  EXPECT_GE(oos, 1u);
+  EXPECT_LE(qctr(qs_, Ctr::kNakSent), 1u);   // one PSN-sequence NAK for the gap episode
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+  EXPECT_TRUE(dst_->guards_ok());
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+  std::printf("S34: %llu of 65536 forged packets reached S, out_of_seq_request=%llu naks_sent=%llu\n",
+              static_cast<unsigned long long>(last), static_cast<unsigned long long>(oos),
+              static_cast<unsigned long long>(qctr(qs_, Ctr::kNakSent)));
+  // C's NAK (for a PSN it had not sent) is stale by now; its genuine WRITE goes through.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  post_write(1024);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 1024), 0);
+  for (uint32_t i = 1024; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
+  EXPECT_EQ(qc_->state(), QpState::kRts);
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+}
+
+// S35: one forged WRITE with the exact ePSN and a wrong rkey kills the connection: S sends
+// NAK 0x62 and moves to ERR, memory is unchanged; the NAK matches nothing outstanding at C, so
+// C's next WRITE times out against the ERR QP (RETRY_EXC_ERR).
+TEST_F(SecurityTest, S35_ForgedWrongRkeyKillsConnection) {
+  test::ConnOpts o;
+  o.timeout = 8;    // ~1 ms
+  o.retry_cnt = 2;
+  ASSERT_NO_FATAL_FAILURE(start(35, o));
+  Attacker a(c_ip_);
+  std::vector<uint8_t> evil(256, 0xEE);
+  a.send(s_ip_, forged_write(kPsn, ms_->rkey() ^ 0x00010000u, 256), evil);
+  ASSERT_TRUE(wait_until([&] { return qs_->state() == QpState::kErr; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kRemAccessNakSent), 1u);
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+  EXPECT_TRUE(dst_->guards_ok());
+  // The NAK reached C while nothing was outstanding (PSN kPsn not yet sent): ignored.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(qc_->state(), QpState::kRts);
+  post_write(256);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(qc_->state(), QpState::kErr);
+  EXPECT_EQ(qctr(qc_, Ctr::kRetryExceededErr), 1u);
+  EXPECT_GE(s_.eng->counters().get(Ctr::kDropBadState), 1u);  // C's tries hit the ERR QP
+  EXPECT_TRUE(target_is(0x5a));
+  EXPECT_TRUE(dst_->guards_ok());
+}
+
+// S36: a second local device creates a QP aimed at S's QPN with the guessed PSN. Without the
+// bind-local-qp hardening (not implemented) modify_qp(RTR) accepts it; it cannot take C's
+// address (UDP 4791 on C's IP is held), and from its own address S's address check drops its
+// WRITE, which ends in RETRY_EXC_ERR; S and C are unaffected.
+TEST_F(SecurityTest, S36_LocalHijackQpAcceptedAtModifyButDroppedByAddressCheck) {
+  ASSERT_NO_FATAL_FAILURE(start(36));
+  // Same address as C: refused by the socket layer.
+  Node same = Node::make_dev(c_ip_.c_str(), ErrorsMode::kSpec);
+  auto e = Engine::start(same.dev, EngineConfig{});
+  EXPECT_FALSE(e.has_value());
+  if (!e.has_value()) {
+    EXPECT_EQ(e.error(), Errc::kAddrInUse);
+  }
+  same.dev->close();
+  // Own address: the QP is accepted.
+  Node h = Node::on_udp(a_ip_.c_str());
+  ASSERT_TRUE(h.eng);
+  auto qh = h.qp(QpType::kRc);
+  test::ConnOpts o;
+  o.timeout = 8;
+  o.retry_cnt = 1;
+  o.sq_psn = kPsn;  // guessed
+  o.rq_psn = kPsn;
+  test::connect_qp(*h.dev, qh, s_ip_.c_str(), qs_->qpn(), o);
+  EXPECT_EQ(qh->state(), QpState::kRts);
+  test::GuardedBuf hsrc(256, 0xEE);
+  auto mh = h.mr(hsrc.data(), 256);
+  auto wr = test::send_wr(WrOpcode::kRdmaWrite, 9, {test::sge(hsrc.data(), 256, mh)});
+  wr.rdma.remote_addr = reinterpret_cast<uint64_t>(dst_->data());
+  wr.rdma.rkey = ms_->rkey();
+  ASSERT_TRUE(test::post(qh, wr).is_ok());
+  auto hc = test::poll_n(*h.scq, 1, 10000);
+  ASSERT_EQ(hc.size(), 1u);
+  EXPECT_EQ(hc[0].status, WcStatus::kRetryExcErr);
+  EXPECT_GE(s_.eng->counters().get(Ctr::kDropAddr), 1u);
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+  h.eng->stop();
+  // C's real connection is intact.
+  post_write(128);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 128), 0);
+  EXPECT_TRUE(dst_->guards_ok());
+}
+
+}  // namespace
+}  // namespace rnic::emu
