@@ -141,8 +141,8 @@ void Engine::progress_loop() {
     // Packets held by the fault layer need a wake-up of their own.
     int timeout_ms = -1;
     uint64_t held = port_->next_held_deadline_ns();
-    if (fault_ != nullptr) {
-      uint64_t f = fault_->next_deadline_ns();
+    if (FaultEngine* fe = fault_.load(std::memory_order_acquire)) {
+      uint64_t f = fe->next_deadline_ns();
       if (f != 0 && (held == 0 || f < held)) held = f;
     }
     if (held != 0) {
@@ -170,7 +170,7 @@ void Engine::progress_loop() {
     if (stopping_.load(std::memory_order_acquire)) break;
     if (held != 0) {
       port_->release_held();
-      if (fault_ != nullptr) drain_fault_tx();
+      if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
       rx = true;
     }
     if (rx) poll_rx(256);
@@ -193,7 +193,8 @@ int Engine::try_poll_rx(int budget) {
 
 int Engine::drain_locked(int budget) {
   int total = 0;
-  if (fault_ != nullptr) drain_fault_rx_locked();
+  const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
+  if (faults) drain_fault_rx_locked();
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
     if (n <= 0) break;
@@ -209,14 +210,16 @@ int Engine::drain_locked(int budget) {
     }
     total += n;
     flush(*rx_tx_);
-    if (fault_ != nullptr) drain_fault_rx_locked();
+    if (faults) drain_fault_rx_locked();
   }
   flush(*rx_tx_);
   return total;
 }
 
 void Engine::drain_fault_rx_locked() {
-  fault_->drain(wire::Direction::kRx, [&](const wire::Endpoint& src, const wire::Endpoint& dst,
+  FaultEngine* fe = fault_.load(std::memory_order_acquire);
+  if (fe == nullptr) return;
+  fe->drain(wire::Direction::kRx, [&](const wire::Endpoint& src, const wire::Endpoint& dst,
                                            std::span<const uint8_t> bytes) {
     wire::RxDesc d;
     d.src = src;
@@ -227,7 +230,9 @@ void Engine::drain_fault_rx_locked() {
 }
 
 void Engine::drain_fault_tx() {
-  fault_->drain(wire::Direction::kTx, [&](const wire::Endpoint&, const wire::Endpoint& dst,
+  FaultEngine* fe = fault_.load(std::memory_order_acquire);
+  if (fe == nullptr) return;
+  fe->drain(wire::Direction::kTx, [&](const wire::Endpoint&, const wire::Endpoint& dst,
                                            std::span<const uint8_t> bytes) {
     wire::TxDesc t;
     t.dst = dst;

@@ -114,7 +114,7 @@ class Engine final : public TransportHooks {
   Counters& counters() { return ctr_; }
   // Optional fault engine whose held/injected packets must be drained after port I/O
   // (emu/fault.h). Not owned; install before traffic starts.
-  void set_fault_engine(FaultEngine* f) { fault_ = f; }
+  void set_fault_engine(FaultEngine* f) { fault_.store(f, std::memory_order_release); }
 
   // ---- manual driving (tests; also used by the progress thread) ----
   // Drains the port until it is empty or `budget` datagrams were handled; blocks on the
@@ -142,7 +142,7 @@ class Engine final : public TransportHooks {
   // Sends a batch the caller built (counts send errors).
   void flush(TxBatch& b) {
     if (b.size() > 0) b.flush(*port_, ctr_);
-    if (fault_ != nullptr) drain_fault_tx();
+    if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
   }
   // The receive context's batch (REQUIRES: rx_mu_ held, i.e. inside poll_rx).
   TxBatch& rx_batch() { return *rx_tx_; }
@@ -162,7 +162,7 @@ class Engine final : public TransportHooks {
   std::unique_ptr<wire::Port> port_;
   EngineConfig cfg_;
   Counters ctr_;
-  FaultEngine* fault_ = nullptr;
+  std::atomic<FaultEngine*> fault_{nullptr};
 
   // receive context
   std::mutex rx_mu_;
