@@ -36,8 +36,10 @@ Row table_row(QpState cur, QpState next) {
   Row none{false, {0, 0, 0}, {0, 0, 0}};
   Row plain{true, {0, 0, 0}, {0, 0, 0}};
   (void)kAll;
-  // Any state -> RESET and -> ERR: no attributes.
-  if (next == S::kReset || next == S::kErr) return plain;
+  // Any state -> RESET, and any state but RESET -> ERR: no attributes. (RESET -> ERR does
+  // not exist in Linux's qp_state_table, so rdma-core users see EINVAL there.)
+  if (next == S::kReset) return plain;
+  if (next == S::kErr) return cur == S::kReset ? none : plain;
   switch (cur) {
     case S::kReset:
       if (next == S::kInit)

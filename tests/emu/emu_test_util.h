@@ -82,7 +82,7 @@ inline uint32_t rts_mask(QpType t) {
   return m;
 }
 
-// Step qp from RESET up to `target` (INIT, RTR, RTS or SQD); ERR via modify; SQE forced.
+// Step qp from RESET up to `target` (INIT, RTR, RTS or SQD); ERR via INIT; SQE forced.
 inline void drive_to(Device& dev, const std::shared_ptr<Qp>& qp, QpState target) {
   const QpType t = qp->type();
   auto step = [&](QpState to, uint32_t mask) {
@@ -90,11 +90,11 @@ inline void drive_to(Device& dev, const std::shared_ptr<Qp>& qp, QpState target)
     ASSERT_TRUE(st.is_ok()) << "to " << qp_state_name(to) << ": " << errc_name(st.code());
   };
   if (target == QpState::kReset) return;
-  if (target == QpState::kErr) {
+  if (qp->state() == QpState::kReset) step(QpState::kInit, init_mask(t));
+  if (target == QpState::kErr) {  // (RESET -> ERR does not exist; go through INIT)
     step(QpState::kErr, kQpState);
     return;
   }
-  step(QpState::kInit, init_mask(t));
   if (target == QpState::kInit) return;
   step(QpState::kRtr, rtr_mask(t));
   if (target == QpState::kRtr) return;

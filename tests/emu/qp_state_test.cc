@@ -22,8 +22,9 @@ using testing::query_dump;
 using S = QpState;
 using T = QpType;
 
-// Independent transcription of IBA Vol 1 Table 91-ish ("QP state transition attributes";
-// Linux qp_state_table): (from, to, type) -> {required, optional}. Absent = no transition.
+// Independent transcription of the IBA "QP state transition" attribute tables as Linux
+// encodes them (drivers/infiniband/core/verbs.c qp_state_table):
+// (from, to, type) -> {required, optional}. Absent = no transition.
 struct Expect {
   uint32_t req;
   uint32_t opt;
@@ -35,7 +36,7 @@ std::map<std::tuple<S, S, T>, Expect> expected_table() {
   for (T t : kTypes) {
     for (S s : kStates) {
       m[{s, S::kReset, t}] = {0, 0};
-      m[{s, S::kErr, t}] = {0, 0};
+      if (s != S::kReset) m[{s, S::kErr, t}] = {0, 0};  // no RESET -> ERR in the kernel table
     }
     const bool ud = t == T::kUd, rc = t == T::kRc;
     const uint32_t base = kQpPkeyIndex | kQpPort | (ud ? kQpQkey : kQpAccessFlags);
@@ -147,7 +148,7 @@ TEST(QpStateMatrix, EveryTransitionTypeAndMask) {
   }
   // Sanity: the matrix really exercised both outcomes in bulk.
   EXPECT_GT(c.accepted, 150);
-  EXPECT_GT(c.rejected, 1500);
+  EXPECT_GT(c.rejected, 1400);
   RecordProperty("accepted", c.accepted);
   RecordProperty("rejected", c.rejected);
 }
