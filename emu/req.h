@@ -15,8 +15,9 @@ namespace rnic::emu {
 
 class Engine;
 
-// Most PSNs the requester runs ahead of the oldest unacknowledged one (rxe: 128).
-inline constexpr uint32_t kMaxUnackedPsns = 128;
+// Most PSNs the requester runs ahead of the oldest unacknowledged one (rxe: 128; 512 keeps a
+// loopback pipe full at 4 KiB MTU while fitting the 8 MiB socket buffers).
+inline constexpr uint32_t kMaxUnackedPsns = 512;
 // AckReq at least every this many packets of one QP (rxe RXE_MAX_PKT_PER_ACK).
 inline constexpr uint32_t kMaxPktsPerAck = 64;
 

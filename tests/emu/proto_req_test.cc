@@ -3,6 +3,7 @@
 // and responses; timers are fired by hand (Engine::run_timers) so nothing depends on time.
 #include <gtest/gtest.h>
 
+#include "emu/req.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {
@@ -20,7 +21,7 @@ class ReqTest : public ::testing::Test {
   Node s = Node::on_mem(net, "127.0.0.3");
   Peer p{net, "127.0.0.2", "127.0.0.3"};
   std::shared_ptr<Qp> qp;
-  GuardedBuf buf{1 << 17};
+  GuardedBuf buf{1 << 19};
   std::shared_ptr<Mr> mb;
   static constexpr uint64_t kRemoteVa = 0x10000;
   static constexpr uint32_t kRkey = 0x777;
@@ -407,17 +408,20 @@ TEST_F(ReqTest, PsnWrapsAt24Bits) {
   EXPECT_EQ(out[0].psn(), 1u);
 }
 
-TEST_F(ReqTest, WindowStopsAt128UnackedPsns) {
-  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 100 * 1024).is_ok());
-  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 2, 100 * 1024).is_ok());
+TEST_F(ReqTest, WindowStopsAtMaxUnackedPsns) {
+  // Three 100-packet WRITEs and a 300-packet one: 600 PSNs, more than the window.
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, i, 100 * 1024).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 3, 300 * 1024).is_ok());
   auto out = sent();
-  EXPECT_EQ(out.size(), 128u);
-  ack(kSpsn + 99);
+  EXPECT_EQ(out.size(), kMaxUnackedPsns);
+  EXPECT_EQ(out.back().psn(), kSpsn + kMaxUnackedPsns - 1);
+  ack(kSpsn + 99);  // opens the window: the remaining 600 - 512 go out
   out = sent();
-  EXPECT_EQ(out.size(), 72u);
-  EXPECT_EQ(out.back().psn(), kSpsn + 199);
-  ack(kSpsn + 199);
-  EXPECT_EQ(drain_cq(*s.scq).size(), 2u);
+  EXPECT_EQ(out.size(), 600u - kMaxUnackedPsns);
+  ack(kSpsn + 599);
+  out = sent();
+  EXPECT_EQ(out.size(), 0u);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 4u);
 }
 
 TEST_F(ReqTest, LocalInvalidateWaitsForEarlierWqes) {
