@@ -14,7 +14,7 @@
 #include <string>
 
 #include "emu/engine.h"
-#include "verbs_shim/control.h"
+#include "emu/services.h"
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
@@ -115,20 +115,19 @@ int start_device(Host* h) {
     dev->close();
     return rc;
   }
-  // SOFTRNIC_FAULTS* and SOFTRNIC_PCAP: a bad value fails the open (EINVAL).
-  auto ctl = std::make_unique<DeviceControl>(dev);
-  std::string err = ctl->apply_env(h->cfg_.pcap);
-  if (!err.empty()) {
+  // Faults, capture and the control socket (emu/services.h), from SOFTRNIC_FAULTS*,
+  // SOFTRNIC_PCAP and SOFTRNIC_CONTROL: a bad value fails the open (EINVAL).
+  emu::ServicesOptions so;
+  std::string err = emu::ServicesOptions::from_env(&so);
+  std::unique_ptr<emu::DeviceServices> svc;
+  if (err.empty()) svc = emu::DeviceServices::create(dev, so, &err);
+  if (!svc) {
     log_error("%s; cannot open the device", err.c_str());
-    ctl->shutdown();
     if (emu::Engine* eng = dev->engine()) eng->stop();
     dev->close();
     return EINVAL;
   }
-  // The control socket (softrnic stats|fault|capture) is a convenience: never fatal.
-  err = ctl->serve();
-  if (!err.empty()) log_msg(LogLevel::kInfo, "no control socket: %s", err.c_str());
-  h->control_ = std::move(ctl);
+  h->services_ = std::move(svc);
   h->dev_ = std::move(dev);
   return 0;
 }
@@ -197,10 +196,11 @@ void host_release(Host* host) {
   (void)w;
   if (host->dispatcher_.joinable()) host->dispatcher_.join();
   close(host->stop_fd_);
-  if (host->control_) host->control_->shutdown();
+  // Services go first: they stop the control socket, unhook the port filter, stop the
+  // engine and close the capture (emu/services.h "DESTRUCTION").
+  host->services_.reset();
   if (emu::Engine* e = host->dev_->engine()) e->stop();
   host->dev_->close();
-  host->control_.reset();
   host->dev_.reset();
   delete host;
 }

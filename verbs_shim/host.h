@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "emu/device.h"
+#include "emu/services.h"
 #include "verbs_shim/config.h"
 
 namespace rnic::shim {
 
 struct DeviceEntry;
 struct Context;
-class DeviceControl;
 
 // One running device. Fields other than contexts_ are written once in host_acquire.
 struct Host {
@@ -27,7 +27,7 @@ struct Host {
   Config cfg_;
   in_addr ip_{};  // bound address (network order)
   std::shared_ptr<emu::Device> dev_;
-  std::unique_ptr<DeviceControl> control_;  // faults, capture, control socket
+  std::unique_ptr<emu::DeviceServices> services_;  // faults, capture, control socket
   int refs_ = 0;  // guarded by the host registry mutex
   // Async events: a dispatcher thread moves emu's device-wide events into the owning
   // context's queue (port events go to every context).

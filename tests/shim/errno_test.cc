@@ -297,6 +297,11 @@ TEST_F(ErrnoTest, AsyncEventReachesOwningContext) {
   ibv_qp* qp = make_qp(IBV_QPT_RC, srq);
   ASSERT_NE(qp, nullptr);
   ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  a = {};
   a.qp_state = IBV_QPS_ERR;
   ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
   // A QP with an SRQ entering ERR reports LAST_WQE_REACHED (IBA 11.6.3.2).
