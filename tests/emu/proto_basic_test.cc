@@ -254,5 +254,153 @@ TEST_F(BasicTest, UdSendWithGrh) {
   EXPECT_EQ(qb->comp_.ctr.get(Ctr::kQkeyViolCntr), 1u);
 }
 
+
+TEST_F(BasicTest, SrqFeedsSeveralQps) {
+  SrqAttr sa;
+  sa.max_wr = 16;
+  sa.max_sge = 2;
+  auto srq = *b.dev->create_srq(b.pd, sa);
+  qa = a.qp(QpType::kRc);
+  qb = b.qp(QpType::kRc, srq);
+  auto qa2 = a.qp(QpType::kRc);
+  auto qb2 = b.qp(QpType::kRc, srq);
+  connect_pair(a, qa, b, qb);
+  connect_pair(a, qa2, b, qb2);
+  GuardedBuf src(3000), dst(8192);
+  src.pattern(7);
+  auto ms = a.mr(src.data(), src.n);
+  auto md = b.mr(dst.data(), dst.n);
+  RecvWr rw[2];
+  Sge s0[2] = {sge(dst.data(), 1000, md), sge(dst.data() + 1000, 3000, md)};
+  Sge s1[1] = {sge(dst.data() + 4096, 4096, md)};
+  rw[0].wr_id = 100;
+  rw[0].sg_list = s0;
+  rw[0].num_sge = 2;
+  rw[1].wr_id = 101;
+  rw[1].sg_list = s1;
+  rw[1].num_sge = 1;
+  int bad = 0;
+  ASSERT_TRUE(srq->post_recv(rw, 2, &bad).is_ok());
+  ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 1, {sge(src.data(), 3000, ms)})).is_ok());
+  ASSERT_TRUE(post(qa2, send_wr(WrOpcode::kSend, 2, {sge(src.data(), 100, ms)})).is_ok());
+  pump({&a, &b});
+  auto rs = drain_cq(*b.rcq);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].wr_id, 100u);
+  EXPECT_EQ(rs[0].qp_num, qb->qpn());
+  EXPECT_EQ(rs[0].byte_len, 3000u);
+  EXPECT_EQ(rs[1].wr_id, 101u);
+  EXPECT_EQ(rs[1].qp_num, qb2->qpn());
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), 3000));
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data() + 4096, 100));
+  EXPECT_TRUE(dst.guards_ok());
+}
+
+TEST_F(BasicTest, InlineSendCopiesAtPostTime) {
+  rc();
+  GuardedBuf dst(256);
+  auto md = b.mr(dst.data(), dst.n);
+  ASSERT_TRUE(post_recv(qb, 1, {sge(dst.data(), 256, md)}).is_ok());
+  uint8_t msg[40];
+  for (int i = 0; i < 40; ++i) msg[i] = static_cast<uint8_t>(i + 1);
+  // Inline: no lkey needed, and the buffer may change right after post_send returns.
+  ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 1, {Sge{reinterpret_cast<uint64_t>(msg), 40, 0}},
+                               kSendSignaled | kSendInline))
+                  .is_ok());
+  std::memset(msg, 0, sizeof(msg));
+  pump({&a, &b});
+  auto rs = drain_cq(*b.rcq);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].byte_len, 40u);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(dst.data()[i], i + 1);
+}
+
+TEST_F(BasicTest, SolicitedEventOnlyForSolicitedSend) {
+  auto ch = *b.dev->create_comp_channel();
+  auto rcq = *b.dev->create_cq(64, ch, 0);
+  QpInitAttr ia;
+  ia.send_cq = b.scq;
+  ia.recv_cq = rcq;
+  ia.qp_type = QpType::kRc;
+  ia.cap = {16, 16, 2, 2, 0};
+  qb = *b.dev->create_qp(b.pd, ia);
+  qa = a.qp(QpType::kRc);
+  connect_pair(a, qa, b, qb);
+  GuardedBuf dst(256);
+  auto md = b.mr(dst.data(), dst.n);
+  ASSERT_TRUE(post_recv(qb, 1, {sge(dst.data(), 64, md)}).is_ok());
+  ASSERT_TRUE(post_recv(qb, 2, {sge(dst.data(), 64, md)}).is_ok());
+  ASSERT_TRUE(rcq->req_notify(/*solicited_only=*/true).is_ok());
+  ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 1, {})).is_ok());
+  pump({&a, &b});
+  EXPECT_EQ(ch->pending(), 0u);  // unsolicited: no event
+  ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 2, {}, kSendSignaled | kSendSolicited)).is_ok());
+  pump({&a, &b});
+  EXPECT_EQ(ch->pending(), 1u);
+  auto ev = ch->try_get_event();
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->get(), rcq.get());
+  rcq->ack_events(1);
+  EXPECT_EQ(drain_cq(*rcq).size(), 2u);
+}
+
+TEST_F(BasicTest, UdOversizedSendCompletesWithoutTransmitting) {
+  qa = a.qp(QpType::kUd);
+  qb = b.qp(QpType::kUd);
+  ConnOpts o;
+  connect_qp(*a.dev, qa, nullptr, 0, o);
+  connect_qp(*b.dev, qb, nullptr, 0, o);
+  GuardedBuf src(8192), dst(9000);
+  auto ms = a.mr(src.data(), src.n);
+  auto md = b.mr(dst.data(), dst.n);
+  ASSERT_TRUE(post_recv(qb, 5, {sge(dst.data(), 9000, md)}).is_ok());
+  auto ah = *a.dev->create_ah(a.pd, ah_to("127.0.0.3"));
+  Wr s = send_wr(WrOpcode::kSend, 1, {sge(src.data(), 8192, ms)});  // > port MTU 4096
+  s.ud.ah = ah.get();
+  s.ud.remote_qpn = qb->qpn();
+  s.ud.remote_qkey = o.qkey;
+  ASSERT_TRUE(post(qa, s).is_ok());
+  pump({&a, &b});
+  auto c = drain_cq(*a.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);  // C10-93.1.1 / rxe
+  EXPECT_EQ(qa->comp_.ctr.get(Ctr::kSentPkts), 0u);
+  EXPECT_EQ(drain_cq(*b.rcq).size(), 0u);
+}
+
+TEST_F(BasicTest, UcLocalErrorGoesToSqe) {
+  qa = a.qp(QpType::kUc);
+  qb = b.qp(QpType::kUc);
+  connect_pair(a, qa, b, qb);
+  GuardedBuf src(64);
+  auto ms = a.mr(src.data(), src.n);
+  ASSERT_TRUE(post(qa, send_wr(WrOpcode::kSend, 1, {sge(src.data(), 100, ms)})).is_ok());
+  auto c = drain_cq(*a.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocProtErr);
+  EXPECT_EQ(qa->state(), QpState::kSqe);  // spec: UC/UD send errors -> SQE, not ERR
+}
+
+TEST_F(BasicTest, CountersCountBothSides) {
+  rc();
+  GuardedBuf src(3000), dst(3000);
+  auto ms = a.mr(src.data(), src.n);
+  auto md = b.mr(dst.data(), dst.n);
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(src.data(), 3000, ms)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  w.rdma.rkey = md->rkey();
+  ASSERT_TRUE(post(qa, w).is_ok());
+  pump({&a, &b});
+  EXPECT_EQ(qa->comp_.ctr.get(Ctr::kSentPkts), 3u);
+  EXPECT_EQ(qb->comp_.ctr.get(Ctr::kRcvdPkts), 3u);
+  EXPECT_EQ(qb->comp_.ctr.get(Ctr::kSentPkts), 1u);  // one ACK
+  EXPECT_EQ(qa->comp_.ctr.get(Ctr::kRcvdPkts), 1u);
+  EXPECT_EQ(qa->comp_.ctr.get(Ctr::kRdmaSends), 1u);
+  EXPECT_EQ(qb->comp_.ctr.get(Ctr::kRdmaRecvs), 1u);
+  EXPECT_EQ(a.eng->counters().get(Ctr::kSentPkts), 3u);
+  EXPECT_EQ(counter_name(Ctr::kDuplicateRequest), "duplicate_request");
+  EXPECT_EQ(counter_name(Ctr::kIcrcErr), "icrc_err");
+}
+
 }  // namespace
 }  // namespace rnic::emu::test
