@@ -161,16 +161,36 @@ inline int convert_send(const Qp* q, const ibv_send_wr* w, emu::SendWr* e) {
 
 inline emu::SendWr* last_wr(Qp* q) { return q->batch_.empty() ? nullptr : &q->batch_.back(); }
 
+// The builders are void C callbacks: growth past the storage reserved at create (a batch
+// longer than max_send_wr) may allocate, and a failure must not throw through the ABI. It
+// is recorded in batch_err_ (wr_complete returns it) and the WR lands in a scratch slot.
+thread_local emu::SendWr g_scratch_wr;  // written only when a batch already failed; never posted
+
 inline emu::SendWr& begin_wr(ibv_qp_ex* x, emu::WrOpcode op) {
   Qp* q = to_qp(x);
-  q->batch_.emplace_back();
+  try {
+    q->batch_.emplace_back();
+    q->batch_sge_at_.push_back(static_cast<uint32_t>(q->batch_sge_.size()));
+    q->batch_inline_at_.push_back(~0u);
+  } catch (...) {
+    q->batch_err_ = ENOMEM;
+    return g_scratch_wr;
+  }
   emu::SendWr& w = q->batch_.back();
   w.wr_id = x->wr_id;
   w.send_flags = x->wr_flags;
   w.opcode = op;
-  q->batch_sge_at_.push_back(static_cast<uint32_t>(q->batch_sge_.size()));
-  q->batch_inline_at_.push_back(~0u);
   return w;
+}
+
+// Runs a storage-growing builder step; ENOMEM instead of an exception.
+template <class F>
+inline void grow(Qp* q, F&& f) {
+  try {
+    f();
+  } catch (...) {
+    q->batch_err_ = ENOMEM;
+  }
 }
 
 void wr_start(ibv_qp_ex* x) {
@@ -252,14 +272,17 @@ void wr_atomic_fetch_add(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t ad
 void wr_atomic_write(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* value) {
   Qp* q = to_qp(x);
   emu::SendWr& w = begin_wr(x, emu::WrOpcode::kAtomicWrite);
+  if (q->batch_err_ != 0) return;
   w.rdma.rkey = rkey;
   w.rdma.remote_addr = addr;
   // The 8-byte operand travels as inline payload.
-  size_t off = q->batch_.size() - 1;
-  q->batch_inline_at_[off] = static_cast<uint32_t>(q->batch_inline_.size());
-  const auto* b = static_cast<const uint8_t*>(value);
-  q->batch_inline_.insert(q->batch_inline_.end(), b, b + 8);
-  q->batch_sge_.push_back(emu::Sge{0, 8, 0});
+  grow(q, [&] {
+    const auto* b = static_cast<const uint8_t*>(value);
+    uint32_t at = static_cast<uint32_t>(q->batch_inline_.size());
+    q->batch_inline_.insert(q->batch_inline_.end(), b, b + 8);
+    q->batch_sge_.push_back(emu::Sge{0, 8, 0});
+    q->batch_inline_at_.back() = at;
+  });
   w.send_flags |= emu::kSendInline;
 }
 void wr_bind_mw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
@@ -291,30 +314,41 @@ void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) {
 }
 void wr_set_sge(ibv_qp_ex* x, uint32_t lkey, uint64_t addr, uint32_t length) {
   Qp* q = to_qp(x);
-  if (q->batch_.empty()) return;
-  q->batch_sge_.resize(q->batch_sge_at_.back());
-  q->batch_sge_.push_back(emu::Sge{addr, length, lkey});
+  if (q->batch_.empty() || q->batch_err_ != 0) return;
+  grow(q, [&] {
+    q->batch_sge_.resize(q->batch_sge_at_.back());
+    q->batch_sge_.push_back(emu::Sge{addr, length, lkey});
+  });
 }
 void wr_set_sge_list(ibv_qp_ex* x, size_t num, const ibv_sge* list) {
   Qp* q = to_qp(x);
-  if (q->batch_.empty()) return;
-  q->batch_sge_.resize(q->batch_sge_at_.back());
-  for (size_t i = 0; i < num; ++i) q->batch_sge_.push_back(emu::Sge{list[i].addr, list[i].length, list[i].lkey});
+  if (q->batch_.empty() || q->batch_err_ != 0) return;
+  grow(q, [&] {
+    q->batch_sge_.resize(q->batch_sge_at_.back());
+    for (size_t i = 0; i < num; ++i)
+      q->batch_sge_.push_back(emu::Sge{list[i].addr, list[i].length, list[i].lkey});
+  });
 }
 void wr_set_inline_data_list(ibv_qp_ex* x, size_t num, const ibv_data_buf* bufs) {
   Qp* q = to_qp(x);
-  if (q->batch_.empty()) return;
-  // Copy now: the application may reuse its buffers as soon as the builder returns.
-  uint32_t off = static_cast<uint32_t>(q->batch_inline_.size());
+  if (q->batch_.empty() || q->batch_err_ != 0) return;
   size_t total = 0;
-  for (size_t i = 0; i < num; ++i) {
-    const auto* b = static_cast<const uint8_t*>(bufs[i].addr);
-    q->batch_inline_.insert(q->batch_inline_.end(), b, b + bufs[i].length);
-    total += bufs[i].length;
+  for (size_t i = 0; i < num; ++i) total += bufs[i].length;
+  if (total > q->emu_->cap().max_inline_data) {
+    q->batch_err_ = EINVAL;  // as post_send: inline data beyond max_inline_data
+    return;
   }
-  q->batch_inline_at_.back() = off;
-  q->batch_sge_.resize(q->batch_sge_at_.back());
-  q->batch_sge_.push_back(emu::Sge{0, static_cast<uint32_t>(total), 0});
+  // Copy now: the application may reuse its buffers as soon as the builder returns.
+  grow(q, [&] {
+    uint32_t off = static_cast<uint32_t>(q->batch_inline_.size());
+    for (size_t i = 0; i < num; ++i) {
+      const auto* b = static_cast<const uint8_t*>(bufs[i].addr);
+      q->batch_inline_.insert(q->batch_inline_.end(), b, b + bufs[i].length);
+    }
+    q->batch_inline_at_.back() = off;
+    q->batch_sge_.resize(q->batch_sge_at_.back());
+    q->batch_sge_.push_back(emu::Sge{0, static_cast<uint32_t>(total), 0});
+  });
   q->batch_.back().send_flags |= emu::kSendInline;
 }
 void wr_set_inline_data(ibv_qp_ex* x, void* addr, size_t length) {

@@ -297,6 +297,14 @@ TEST_F(WrApiTest, AbortDropsTheBatchAndBadSgeFailsComplete) {
   for (auto& s : many) s = {addr(0, 0), 1, mr_[0]->lkey};
   ibv_wr_set_sge_list(x, 8, many);
   EXPECT_NE(ibv_wr_complete(x), 0);
+  // Inline data beyond max_inline_data (64 here) fails the batch with EINVAL.
+  std::vector<char> big(65, 'x');
+  ibv_wr_start(x);
+  x->wr_flags = IBV_SEND_INLINE;
+  ibv_wr_send(x);
+  ibv_wr_set_inline_data(x, big.data(), big.size());
+  EXPECT_EQ(ibv_wr_complete(x), EINVAL);
+  EXPECT_EQ(ibv_start_poll(cq_[0], &pa), ENOENT);
 }
 
 }  // namespace
