@@ -1,7 +1,8 @@
 // The extended verbs through the shim, end to end on loopback: two RC QPs of one context
 // connected to each other, driven with the ibv_wr_* builders (send, send_imm, inline data,
 // SGE lists, RDMA write/write_imm/read, both atomics) and completions read with the
-// ibv_cq_ex start/next/end_poll table (opcode, byte_len, imm, qp_num, timestamps).
+// ibv_cq_ex start/next/end_poll table (opcode, byte_len, imm, qp_num, timestamps); and UD
+// with the GRH area and ibv_create_ah_from_wc.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
@@ -305,6 +306,123 @@ TEST_F(WrApiTest, AbortDropsTheBatchAndBadSgeFailsComplete) {
   ibv_wr_set_inline_data(x, big.data(), big.size());
   EXPECT_EQ(ibv_wr_complete(x), EINVAL);
   EXPECT_EQ(ibv_start_poll(cq_[0], &pa), ENOENT);
+}
+
+}  // namespace
+
+namespace {
+
+// UD over loopback: the receive buffer starts with the 40-byte GRH area (IPv4 header in its
+// last 20 bytes), and ibv_create_ah_from_wc builds the reply AH from it.
+TEST(UdTest, ReplyThroughAhFromWc) {
+  ibv_device** list = ibv_get_device_list(nullptr);
+  ASSERT_NE(list, nullptr);
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(pd, nullptr);
+  ASSERT_NE(cq, nullptr);
+  std::vector<uint8_t> buf(4096);
+  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_qp* qp[2];
+  for (auto& q : qp) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.qp_type = IBV_QPT_UD;
+    q = ibv_create_qp(pd, &ia);
+    ASSERT_NE(q, nullptr);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = 0x11111111;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE), 0);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  }
+  auto post_recv = [&](ibv_qp* q, uint32_t off) {
+    ibv_sge s{reinterpret_cast<uintptr_t>(buf.data() + off), 40 + 64, mr->lkey};
+    ibv_recv_wr r{};
+    r.sg_list = &s;
+    r.num_sge = 1;
+    r.wr_id = off;
+    ibv_recv_wr* bad;
+    ASSERT_EQ(ibv_post_recv(q, &r, &bad), 0);
+  };
+  auto send = [&](ibv_qp* q, ibv_ah* ah, uint32_t qpn, const char* msg) {
+    std::memcpy(buf.data() + 3000, msg, std::strlen(msg));
+    ibv_sge s{reinterpret_cast<uintptr_t>(buf.data() + 3000), static_cast<uint32_t>(std::strlen(msg)), mr->lkey};
+    ibv_send_wr w{};
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = qpn;
+    w.wr.ud.remote_qkey = 0x11111111;
+    ibv_send_wr* bad;
+    ASSERT_EQ(ibv_post_send(q, &w, &bad), 0);
+  };
+  auto wait_recv = [&](ibv_wc* out) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < end) {
+      ibv_wc wc;
+      if (ibv_poll_cq(cq, 1, &wc) == 1) {
+        ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+        if (wc.opcode == IBV_WC_RECV) {
+          *out = wc;
+          return;
+        }
+      }
+    }
+    FAIL() << "no receive";
+  };
+  post_recv(qp[1], 0);
+  post_recv(qp[0], 1000);
+  ibv_gid gid;
+  ASSERT_EQ(ibv_query_gid(ctx, 1, 0, &gid), 0);
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.grh.dgid = gid;
+  aa.grh.hop_limit = 64;
+  aa.port_num = 1;
+  ibv_ah* ah = ibv_create_ah(pd, &aa);
+  ASSERT_NE(ah, nullptr);
+  send(qp[0], ah, qp[1]->qp_num, "ping");
+  ibv_wc wc;
+  wait_recv(&wc);
+  EXPECT_EQ(wc.byte_len, 40u + 4);
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(wc.src_qp, qp[0]->qp_num);
+  EXPECT_EQ(std::memcmp(buf.data() + 40, "ping", 4), 0);
+  // Reply through an AH built from the completion and its GRH area.
+  auto* grh = reinterpret_cast<ibv_grh*>(buf.data());
+  ibv_ah_attr from{};
+  ASSERT_EQ(ibv_init_ah_from_wc(ctx, 1, &wc, grh, &from), 0);
+  EXPECT_EQ(from.is_global, 1);
+  EXPECT_EQ(std::memcmp(from.grh.dgid.raw, gid.raw, 16), 0);
+  EXPECT_EQ(from.grh.sgid_index, 0);
+  ibv_ah* reply = ibv_create_ah_from_wc(pd, &wc, grh, 1);
+  ASSERT_NE(reply, nullptr) << strerror(errno);
+  send(qp[1], reply, wc.src_qp, "pong");
+  wait_recv(&wc);
+  EXPECT_EQ(wc.wr_id, 1000u);
+  EXPECT_EQ(std::memcmp(buf.data() + 1040, "pong", 4), 0);
+  EXPECT_EQ(ibv_destroy_ah(reply), 0);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  for (auto* q : qp) EXPECT_EQ(ibv_destroy_qp(q), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+  EXPECT_EQ(ibv_close_device(ctx), 0);
 }
 
 }  // namespace
