@@ -23,7 +23,7 @@ namespace rnic::emu {
 
 // ---------------------------------------------------------------- TxBatch
 
-TxBatch::TxBatch() : mem_(new uint8_t[static_cast<size_t>(kSlots) * kSlotBytes]) {}
+TxBatch::TxBatch() : mem_(new uint8_t[kArenaBytes]) {}
 
 int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
   int off = 0;
@@ -43,6 +43,8 @@ int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
     break;
   }
   n_ = 0;
+  used_ = 0;
+  run_open_ = false;
   return off;
 }
 
@@ -54,7 +56,7 @@ TxBatch& tx_batch_for_thread() {
 // ---------------------------------------------------------------- start / stop
 
 Engine::Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg)
-    : dev_(dev), port_(std::move(port)), cfg_(cfg) {}
+    : dev_(dev), port_(std::move(port)), cfg_(cfg), gso_(cfg.gso) {}
 
 Result<std::shared_ptr<Engine>> Engine::start(const std::shared_ptr<Device>& dev,
                                               const EngineConfig& cfg) {
@@ -66,8 +68,8 @@ Result<std::shared_ptr<Engine>> Engine::start(const std::shared_ptr<Device>& dev
   o.bind = *ep;
   o.rcvbuf = cfg.rcvbuf;
   o.sndbuf = cfg.sndbuf;
-  o.gso = false;
-  o.gro = false;
+  o.gso = cfg.gso;
+  o.gro = cfg.gso;
   int err = 0;
   std::unique_ptr<wire::UdpPort> port = wire::UdpPort::open(o, &err);
   if (!port) return static_cast<Errc>(err != 0 ? err : EIO);
@@ -108,6 +110,7 @@ Status Engine::init() {
     rx_descs_[i].cap = kRxBufBytes;
   }
   rx_tx_ = std::make_unique<TxBatch>();
+  rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
   scan_.reserve(64);
   return Status::ok();
 }
@@ -193,6 +196,7 @@ int Engine::try_poll_rx(int budget) {
 
 int Engine::drain_locked(int budget) {
   int total = 0;
+  rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) drain_fault_rx_locked();
   while (total < budget) {

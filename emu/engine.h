@@ -53,36 +53,70 @@ struct EngineConfig {
   uint16_t udp_port = wire::kRoceUdpPort;
   // Start the progress thread (timers, background receive, completion events).
   bool progress_thread = true;
+  // UDP GSO on send / GRO on receive (UdpPort): equal-sized packets of a message leave in one
+  // sendmsg and arrive coalesced. Off = one datagram per packet.
+  bool gso = true;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
 };
 
-// Builds outgoing packets in a fixed set of buffers and hands them to the port in one
-// send_batch. Not thread-safe: one per thread (tx_batch_for_thread()) or per context.
+// Builds outgoing packets back to back in one arena and hands them to the port in one
+// send_batch. Consecutive packets of equal size to the same destination are merged into one
+// UDP GSO descriptor when the port allows it (set_gso); packet k of such a run leaves with
+// IPv4 ID k, so the builder asks ip_id_for() before computing the packet's ICRC.
+// Not thread-safe: one per thread (tx_batch_for_thread()) or per context.
 class TxBatch {
  public:
-  static constexpr int kSlots = 64;
-  static constexpr uint32_t kSlotBytes = 4096 + 128;  // MTU + headers + pad + ICRC
+  static constexpr int kMaxDescs = 128;
+  static constexpr uint32_t kSlotBytes = 4096 + 128;  // largest packet: MTU + headers + ICRC
+  static constexpr size_t kArenaBytes = 128 * 1024 + 64 * kSlotBytes;
+  static constexpr uint32_t kMaxGsoBytes = 65507 - 8;  // one UDP datagram
   TxBatch();
-  // Buffer for the next packet (kSlotBytes long). REQUIRES: !full().
-  uint8_t* next() { return mem_.get() + static_cast<size_t>(n_) * kSlotBytes; }
-  void commit(const wire::Endpoint& dst, uint32_t len) {
-    descs_[n_].dst = dst;
-    descs_[n_].data = next();
-    descs_[n_].len = len;
-    descs_[n_].gso_size = 0;
-    ++n_;
+  // Largest GSO run (1 = no GSO). Set from Port::max_gso_segments() before building.
+  void set_gso(int max_segments) { gso_max_ = max_segments < 1 ? 1 : max_segments; }
+  // Buffer for the next packet (room for kSlotBytes). REQUIRES: !full().
+  uint8_t* next() { return mem_.get() + used_; }
+  // The IPv4 ID the next packet (len bytes, to dst) will leave with: its index in the GSO
+  // run it joins, or 0.
+  uint16_t ip_id_for(const wire::Endpoint& dst, uint32_t len) const {
+    return joins_run(dst, len) ? static_cast<uint16_t>(segs_) : 0;
   }
-  bool full() const { return n_ == kSlots; }
+  void commit(const wire::Endpoint& dst, uint32_t len) {
+    if (joins_run(dst, len)) {
+      wire::TxDesc& d = descs_[n_ - 1];
+      d.len += len;
+      d.gso_size = static_cast<uint16_t>(seg_);
+      ++segs_;
+      if (len < seg_) run_open_ = false;  // a short segment must be the run's last
+    } else {
+      descs_[n_] = wire::TxDesc{dst, next(), len, 0};
+      ++n_;
+      seg_ = len;
+      segs_ = 1;
+      run_open_ = true;
+    }
+    used_ += len;
+  }
+  bool full() const { return n_ == kMaxDescs || used_ + kSlotBytes > kArenaBytes; }
   int size() const { return n_; }
-  // Sends everything queued (retrying partial sends); returns packets handed over.
+  // Sends everything queued (retrying partial sends); returns descriptors handed over.
   int flush(wire::Port& port, Counters& dev_ctr);
 
  private:
+  bool joins_run(const wire::Endpoint& dst, uint32_t len) const {
+    if (gso_max_ <= 1 || n_ == 0 || !run_open_) return false;
+    const wire::TxDesc& d = descs_[n_ - 1];
+    return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
+           d.len + len <= kMaxGsoBytes && d.dst == dst;
+  }
   std::unique_ptr<uint8_t[]> mem_;
-  wire::TxDesc descs_[kSlots];
+  wire::TxDesc descs_[kMaxDescs];
   int n_ = 0;
+  size_t used_ = 0;
+  int gso_max_ = 1;
+  uint32_t seg_ = 0, segs_ = 0;
+  bool run_open_ = false;
 };
 
 // The calling thread's TxBatch (allocated on first use, then reused).
@@ -146,6 +180,12 @@ class Engine final : public TransportHooks {
   }
   // The receive context's batch (REQUIRES: rx_mu_ held, i.e. inside poll_rx).
   TxBatch& rx_batch() { return *rx_tx_; }
+  // The calling thread's batch, GSO set up for this engine's port.
+  TxBatch& tx_batch() {
+    TxBatch& b = tx_batch_for_thread();
+    b.set_gso(gso_ ? port_->max_gso_segments() : 1);
+    return b;
+  }
   uint16_t local_udp_port() const { return port_->local().port; }
 
  private:
@@ -163,11 +203,12 @@ class Engine final : public TransportHooks {
   EngineConfig cfg_;
   Counters ctr_;
   std::atomic<FaultEngine*> fault_{nullptr};
+  bool gso_ = true;
 
   // receive context
   std::mutex rx_mu_;
   static constexpr int kRxBatch = 32;
-  static constexpr uint32_t kRxBufBytes = 4096 + 512;
+  static constexpr uint32_t kRxBufBytes = 65536;  // a GRO buffer holds many datagrams
   std::unique_ptr<uint8_t[]> rx_mem_;
   wire::RxDesc rx_descs_[kRxBatch];
   std::unique_ptr<TxBatch> rx_tx_;

@@ -66,12 +66,19 @@ size_t put_headers(uint8_t* buf, const wire::PacketFields& f, size_t payload_len
 }
 
 uint32_t finish_packet(uint8_t* buf, size_t hdr_len, size_t payload_len,
-                       const wire::IpUdpMeta& meta) {
+                       const wire::IpUdpMeta& meta, uint16_t ip_id) {
   size_t n = hdr_len + payload_len;
   size_t pad = (4 - payload_len % 4) % 4;
   for (size_t i = 0; i < pad; ++i) buf[n + i] = 0;
   n += pad;
-  uint32_t icrc = wire::icrc_compute(meta, std::span<const uint8_t>(buf, n));
+  uint32_t icrc;
+  if (ip_id == meta.ip_id) {
+    icrc = wire::icrc_compute(meta, std::span<const uint8_t>(buf, n));
+  } else {
+    wire::IpUdpMeta m = meta;
+    m.ip_id = ip_id;
+    icrc = wire::icrc_compute(m, std::span<const uint8_t>(buf, n));
+  }
   wire::store_le32(buf + n, icrc);
   return static_cast<uint32_t>(n + wire::kIcrcBytes);
 }
@@ -248,7 +255,7 @@ void req_run(Engine& e, Qp& qp) {
   const QpType type = qp.type();
   const bool rc = type == QpType::kRc;
   const QpAttr& attr = qp.attr();
-  TxBatch& tx = tx_batch_for_thread();
+  TxBatch& tx = e.tx_batch();
   // Packets already in the thread's batch belong to an outer caller; we flush ours only.
   bool sent = false;
   const wire::Endpoint local = e.port().local();
@@ -368,13 +375,13 @@ void req_run(Engine& e, Qp& qp) {
       }
     }
     wire::Endpoint dst;
-    uint32_t len;
+    uint32_t len = packet_len(hl, plen);
     if (type == QpType::kUd) {
       dst = wire::Endpoint::v4(w.av.dest_ipv4, e.config().udp_port);
-      len = finish_packet(buf, hl, plen, make_meta(local, dst));
+      finish_packet(buf, hl, plen, make_meta(local, dst), tx.ip_id_for(dst, len));
     } else {
       dst = r.dst;
-      len = finish_packet(buf, hl, plen, r.meta);
+      finish_packet(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
     }
     tx.commit(dst, len);
     bump(c.ctr, e.counters(), Ctr::kSentPkts);

@@ -41,9 +41,14 @@ inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {
 // pad_cnt computed from payload_len. Returns the header length (0 for an unknown opcode).
 // The caller then places payload_len bytes at buf + header length and calls finish_packet.
 size_t put_headers(uint8_t* buf, const wire::PacketFields& f, size_t payload_len);
-// Zeroes the pad, appends the ICRC computed with meta; returns the total UDP payload length.
+// Bytes of the packet on the wire (headers, payload, pad, ICRC).
+inline uint32_t packet_len(size_t hdr_len, size_t payload_len) {
+  return static_cast<uint32_t>(hdr_len + payload_len + (4 - payload_len % 4) % 4 + 4);
+}
+// Zeroes the pad, appends the ICRC computed with meta and IPv4 ID ip_id (the packet's index
+// in a GSO run, TxBatch::ip_id_for); returns the total UDP payload length.
 uint32_t finish_packet(uint8_t* buf, size_t hdr_len, size_t payload_len,
-                       const wire::IpUdpMeta& meta);
+                       const wire::IpUdpMeta& meta, uint16_t ip_id = 0);
 // Copies len bytes into the scatter list sges[0..n) starting at byte `offset` of the list,
 // checking each piece locally (lkey, PD, LOCAL_WRITE, range). kLocLenErr if the list is too
 // short; the local error status of the failed piece otherwise.

@@ -87,7 +87,8 @@ void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t*
       std::memcpy(buf + hl, payload, plen);
     }
   }
-  uint32_t len = finish_packet(buf, hl, plen, s.meta);
+  const uint32_t len = packet_len(hl, plen);
+  finish_packet(buf, hl, plen, s.meta, tx.ip_id_for(s.dst, len));
   tx.commit(s.dst, len);
   bump(qp.comp_.ctr, dctr(e), Ctr::kSentPkts);
 }
