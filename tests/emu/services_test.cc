@@ -304,6 +304,25 @@ TEST_F(ServicesTest, RkeyRewriteRuleGivesRemoteAccessErrorNotHang) {
   for (size_t i = 0; i < 2048; ++i) ASSERT_EQ(dst_->data()[i], 0) << i;
 }
 
+// A nak rule on the responder's rx side needs no qpn=: the services resolve the requester's
+// QPN from the local QP the packet is addressed to (its dest_qp_num).
+TEST_F(ServicesTest, ResponderSideNakRuleResolvesRequesterQpn) {
+  ServicesOptions o = opts();
+  o.control = ControlMode::kOff;
+  o.faults = "dir=rx class=write once => nak(rem_access)";
+  std::string err;
+  auto sb = DeviceServices::create(b_.dev, o, &err);
+  ASSERT_NE(sb, nullptr) << err;
+  EXPECT_EQ(write(1024), WcStatus::kRemAccessErr);
+  EXPECT_EQ(sb->faults().counters().injected, 1u);
+  EXPECT_EQ(sb->faults().counters().inject_unresolved, 0u);
+  EXPECT_EQ(qa_->state(), QpState::kErr);
+  EXPECT_EQ(qb_->state(), QpState::kRts);  // the responder never saw the WRITE
+  EXPECT_EQ(qb_->comp_.ctr.get(Ctr::kRdmaRecvs), 0u);
+  for (size_t i = 0; i < 1024; ++i) ASSERT_EQ(dst_->data()[i], 0) << i;
+  EXPECT_TRUE(dst_->guards_ok());
+}
+
 TEST_F(ServicesTest, RuntimeCaptureStartStopThroughSocket) {
   make(opts());
   EXPECT_FALSE(svc_->filter_installed());
