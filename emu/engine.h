@@ -72,6 +72,7 @@ class TxBatch {
   static constexpr uint32_t kSlotBytes = 4096 + 128;  // largest packet: MTU + headers + ICRC
   static constexpr size_t kArenaBytes = 128 * 1024 + 64 * kSlotBytes;
   static constexpr uint32_t kMaxGsoBytes = 65507 - 8;  // one UDP datagram
+  static constexpr uint32_t kMinGsoSegment = 512;     // runs of smaller packets are not merged
   TxBatch();
   // Largest GSO run (1 = no GSO). Set from Port::max_gso_segments() before building.
   void set_gso(int max_segments) { gso_max_ = max_segments < 1 ? 1 : max_segments; }
@@ -105,7 +106,9 @@ class TxBatch {
 
  private:
   bool joins_run(const wire::Endpoint& dst, uint32_t len) const {
-    if (gso_max_ <= 1 || n_ == 0 || !run_open_) return false;
+    // Small packets (ACKs) gain nothing from GSO; keeping them single also keeps captures
+    // and filters, which cannot see IP IDs, exact for them.
+    if (gso_max_ <= 1 || n_ == 0 || !run_open_ || seg_ < kMinGsoSegment) return false;
     const wire::TxDesc& d = descs_[n_ - 1];
     return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
            d.len + len <= kMaxGsoBytes && d.dst == dst;
