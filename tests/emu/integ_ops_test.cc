@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <atomic>
 #include <tuple>
 
 #include "tests/emu/proto_util.h"
@@ -301,6 +302,46 @@ TEST(RateTest, LargeWritesMtu4096) {
               "retries %llu\n",
               kN, static_cast<long long>(us), us > 0 ? kN * 8.0 * kLen / (us * 1000.0) : 0.0,
               static_cast<unsigned long long>(p.a.eng->counters().get(Ctr::kCompleterRetryErr)));
+}
+
+
+// A receiver whose port has a filter (capture / fault mode) gets GRO buffers split into
+// segments without their index: GSO runs from a filter-free sender must still pass ICRC.
+struct PassFilter : wire::PacketFilter {
+  std::atomic<uint64_t> seen{0};
+  wire::Verdict on_packet(wire::Direction, const wire::Endpoint&, const wire::Endpoint&,
+                          std::span<uint8_t>, wire::FilterOut&) override {
+    seen.fetch_add(1, std::memory_order_relaxed);
+    return wire::Verdict::kPass;
+  }
+};
+
+TEST(GsoTest, GsoSenderToFilteredReceiver) {
+  Pair p;
+  ASSERT_TRUE(p.a.eng && p.b.eng);
+  PassFilter f;
+  p.b.eng->port().set_filter(&f);
+  auto qa = p.a.qp(QpType::kRc);
+  auto qb = p.b.qp(QpType::kRc);
+  ConnOpts o;
+  o.mtu = Mtu::k4096;
+  connect_pair(p.a, qa, p.b, qb, o);
+  constexpr uint32_t kLen = 1u << 20;
+  std::vector<uint8_t> src(kLen), dst(kLen);
+  for (uint32_t i = 0; i < kLen; ++i) src[i] = static_cast<uint8_t>(i * 31 + (i >> 12));
+  auto ms = p.a.mr(src.data(), kLen);
+  auto md = p.b.mr(dst.data(), kLen);
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(src.data(), kLen, ms)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  w.rdma.rkey = md->rkey();
+  ASSERT_TRUE(post(qa, w).is_ok());
+  auto c = poll_n(*p.a.scq, 1, 20000);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), kLen));
+  EXPECT_EQ(p.b.eng->counters().get(Ctr::kIcrcErr), 0u);
+  EXPECT_GE(f.seen.load(), 256u);
+  p.b.eng->port().set_filter(nullptr);
 }
 
 }  // namespace
