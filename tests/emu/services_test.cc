@@ -35,6 +35,7 @@ struct PcapSummary {
   size_t frames = 0;
   size_t icrc_ok = 0;
   std::vector<uint8_t> opcodes;
+  std::vector<size_t> bad_icrc;  // frame indices (0-based) whose ICRC does not verify
 };
 
 PcapSummary read_pcap(const std::string& path) {
@@ -49,7 +50,11 @@ PcapSummary read_pcap(const std::string& path) {
     ++s.frames;
     if (f.data.size() < wire::kEthHdrLen + wire::kIpv4HdrLen + wire::kUdpHdrLen + 12 + 4) continue;
     std::span<const uint8_t> ip(f.data.data() + wire::kEthHdrLen, f.data.size() - wire::kEthHdrLen);
-    if (wire::icrc_check(ip)) ++s.icrc_ok;
+    if (wire::icrc_check(ip)) {
+      ++s.icrc_ok;
+    } else {
+      s.bad_icrc.push_back(s.frames - 1);
+    }
     s.opcodes.push_back(f.data[wire::kEthHdrLen + wire::kIpv4HdrLen + wire::kUdpHdrLen]);
   }
   return s;
@@ -73,7 +78,7 @@ class ServicesTest : public ::testing::Test {
   }
   void TearDown() override {
     svc_.reset();
-    std::string cmd = "rm -rf '" + dir_ + "'";
+    std::string cmd = getenv("SVC_KEEP") ? std::string("true") : "rm -rf '" + dir_ + "'";
     int rc = std::system(cmd.c_str());
     (void)rc;
   }
@@ -213,7 +218,7 @@ TEST_F(ServicesTest, PcapFromStartCapturesBothDirectionsWithGoodIcrc) {
   PcapSummary s = read_pcap(path);
   EXPECT_EQ(s.frames, expected);
   EXPECT_GE(s.frames, 64u + 3u + 2u);
-  EXPECT_EQ(s.icrc_ok, s.frames);
+  EXPECT_EQ(s.icrc_ok, s.frames) << "first bad frame: " << (s.bad_icrc.empty() ? -1 : static_cast<long>(s.bad_icrc[0]));
   // tshark decodes every frame as InfiniBand with nothing malformed (when installed).
   if (access("/usr/bin/tshark", X_OK) == 0) {
     std::string cmd = "tshark -r '" + path + "' -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l";
@@ -371,7 +376,7 @@ TEST_F(ServicesTest, TxCaptureShowsWhatLeavesDuplicatesTwiceDropsNever) {
   for (uint8_t op : s.opcodes) sends += op == wire::op::kRcSendOnly;
   // 2 copies of the first SEND, 0 of the dropped original, 1 retransmission.
   EXPECT_EQ(sends, 3u);
-  EXPECT_EQ(s.icrc_ok, s.frames);
+  EXPECT_EQ(s.icrc_ok, s.frames) << "first bad frame: " << (s.bad_icrc.empty() ? -1 : static_cast<long>(s.bad_icrc[0]));
   EXPECT_GE(qb_->comp_.ctr.get(Ctr::kDuplicateRequest), 1u);
 }
 
