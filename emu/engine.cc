@@ -111,6 +111,7 @@ Status Engine::init() {
   }
   rx_tx_ = std::make_unique<TxBatch>();
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
+  ack_qps_.reserve(kMaxDeferredAcks);
   scan_.reserve(64);
   return Status::ok();
 }
@@ -213,11 +214,21 @@ int Engine::drain_locked(int budget) {
       });
     }
     total += n;
-    flush(*rx_tx_);
     if (faults) drain_fault_rx_locked();
+    flush_acks_locked();
+    flush(*rx_tx_);
   }
+  flush_acks_locked();
   flush(*rx_tx_);
   return total;
+}
+
+void Engine::flush_acks_locked() {
+  for (auto& qp : ack_qps_) {
+    std::lock_guard lk(qp->recv_mutex());
+    resp_flush_ack(*this, *qp);
+  }
+  ack_qps_.clear();
 }
 
 void Engine::drain_fault_rx_locked() {
@@ -352,6 +363,7 @@ void reset_transport(Qp& qp) {
   s.ready = false;
   s.epsn = s.msn = 0;
   s.nak_sent = s.uc_drop = false;
+  s.ack_pending = false;
   s.cur = RespState::kNone;
   s.have_wqe = false;
   s.recv_offset = 0;
@@ -428,6 +440,7 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
     qp.req_.pos = 0;
     qp.req_.rnr_wait = false;
     qp.req_.rd_atomic_inflight = 0;
+    // An ACK still owed for requests executed before the error goes out at batch end.
     if (to == QpState::kErr) resp_flush_held(qp);
     return;
   }

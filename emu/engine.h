@@ -190,6 +190,13 @@ class Engine final : public TransportHooks {
     return b;
   }
   uint16_t local_udp_port() const { return port_->local().port; }
+  // Responder ACK coalescing: remember qp until the end of this receive batch. false if the
+  // list is full (the caller sends the ACK at once). REQUIRES: receive context.
+  bool defer_ack(Qp& qp) {
+    if (ack_qps_.size() >= kMaxDeferredAcks) return false;
+    ack_qps_.push_back(qp.shared_from_this());
+    return true;
+  }
 
  private:
   Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
@@ -215,6 +222,9 @@ class Engine final : public TransportHooks {
   std::unique_ptr<uint8_t[]> rx_mem_;
   wire::RxDesc rx_descs_[kRxBatch];
   std::unique_ptr<TxBatch> rx_tx_;
+  static constexpr size_t kMaxDeferredAcks = 256;
+  std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
+  void flush_acks_locked();
 
   // timers
   std::mutex timer_mu_;

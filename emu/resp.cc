@@ -69,9 +69,9 @@ Counters& dctr(Engine& e) { return e.counters(); }
 
 // ---- output ----
 
-void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
-                  uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
-                  bool* mem_ok = nullptr) {
+void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
+               uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
+               bool* mem_ok = nullptr) {
   RespState& s = qp.resp_;
   TxBatch& tx = e.rx_batch();
   if (tx.full()) e.flush(tx);
@@ -91,6 +91,43 @@ void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t*
   finish_packet(buf, hl, plen, s.meta, tx.ip_id_for(s.dst, len));
   tx.commit(s.dst, len);
   bump(qp.comp_.ctr, dctr(e), Ctr::kSentPkts);
+}
+
+void emit_pending_ack(Engine& e, Qp& qp) {
+  RespState& s = qp.resp_;
+  if (!s.ack_pending) return;
+  s.ack_pending = false;
+  wire::PacketFields f;
+  f.opcode = op::kRcAcknowledge;
+  f.dest_qp = qp.attr().dest_qp_num;
+  f.psn = s.ack_psn;
+  f.syndrome = aeth::ack(aeth::kCreditInvalid);
+  f.msn = s.ack_msn;
+  queue_raw(e, qp, f, nullptr, 0);
+}
+
+// Every packet the responder sends goes after the ACK it still owes (PSN/MSN order).
+void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
+                  uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
+                  bool* mem_ok = nullptr) {
+  emit_pending_ack(e, qp);
+  queue_raw(e, qp, f, payload, plen, mem, host, mem_ok);
+}
+
+// Owes an ACK for psn: coalesced with later ones until the receive batch ends.
+void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
+  RespState& s = qp.resp_;
+  if (s.ack_pending) bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+  s.ack_pending = true;
+  s.ack_psn = psn;
+  s.ack_msn = s.msn;
+  if (!s.ack_listed) {
+    if (e.defer_ack(qp)) {
+      s.ack_listed = true;
+    } else {
+      emit_pending_ack(e, qp);  // list full: send it now
+    }
+  }
 }
 
 void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
@@ -467,7 +504,7 @@ Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
   s.epsn = psn_add(k.psn, 1);
   if (qp.type() != QpType::kRc) return Step::kDone;
   if (k.p.bth().ack_req()) {
-    send_ack(e, qp, aeth::ack(aeth::kCreditInvalid), k.psn);
+    defer_ack(e, qp, k.psn);
   } else {
     bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
   }
@@ -559,6 +596,15 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
 }
 
 }  // namespace
+
+void resp_flush_ack(Engine& e, Qp& qp) {
+  qp.resp_.ack_listed = false;
+  if (qp.comp_.dead || !qp.resp_.ready) {
+    qp.resp_.ack_pending = false;
+    return;
+  }
+  emit_pending_ack(e, qp);
+}
 
 void resp_flush_held(Qp& qp) {
   RespState& s = qp.resp_;

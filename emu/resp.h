@@ -25,6 +25,10 @@ enum class RespOutcome : uint8_t {
 // Hot path: no allocation.
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d);
 
+// Sends the ACK the responder deferred for qp (ACK coalescing), if any. Called by the engine
+// at the end of each receive batch. REQUIRES: receive lock; receive context.
+void resp_flush_ack(Engine& e, Qp& qp);
+
 // Completes a receive WQE the responder holds (a message in progress) with WR_FLUSH_ERR
 // and resets the message state. Called on the transition to ERR, before emu flushes the
 // rest of the RQ. REQUIRES: receive lock.

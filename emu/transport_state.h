@@ -53,6 +53,12 @@ struct RespState {
   uint32_t epsn = 0;             // expected PSN (RC/UC)
   uint32_t msn = 0;              // message sequence number (24 bits)
   bool nak_sent = false;         // sent_psn_nak latch: one PSN-sequence NAK per gap
+  // ACK coalescing within one receive batch: the latest ACK owed, sent when the batch ends
+  // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
+  bool ack_pending = false;
+  bool ack_listed = false;       // QP is in the engine's pending-ACK list
+  uint32_t ack_psn = 0;
+  uint32_t ack_msn = 0;
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY
   uint32_t mtu = 256;
   // Message in progress (a SEND or WRITE that has seen FIRST but not LAST).

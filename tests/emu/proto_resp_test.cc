@@ -87,15 +87,15 @@ TEST_F(RespTest, PsnGapSendsOneNakThenRecovers) {
   // Receive more out-of-order packets: still silent (one NAK per gap).
   p.send(req(op::kRcSendOnly, 105), pay);
   EXPECT_EQ(step().size(), 0u);
-  // Receive 100 and 101 (go-back-N): both executed and ACKed.
+  // Receive 100 and 101 (go-back-N) in one batch: both executed, one coalesced ACK for 101.
   p.send(req(op::kRcSendOnly, 100), pay);
   p.send(req(op::kRcSendOnly, 101), pay);
   out = step();
-  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
-  EXPECT_EQ(out[0].psn(), 100u);
-  EXPECT_EQ(out[1].psn(), 101u);
-  EXPECT_EQ(out[1].f.msn, 2u);
+  EXPECT_EQ(out[0].psn(), 101u);
+  EXPECT_EQ(out[0].f.msn, 2u);
+  EXPECT_EQ(ctr(Ctr::kAckDeferred), 1u);
   EXPECT_EQ(drain_cq(*s.rcq).size(), 2u);
   // A new gap gets a new NAK (the latch was cleared by in-order traffic).
   p.send(req(op::kRcSendOnly, 109), pay);
@@ -104,6 +104,19 @@ TEST_F(RespTest, PsnGapSendsOneNakThenRecovers) {
   EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
   EXPECT_EQ(out[0].psn(), 102u);
   EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+TEST_F(RespTest, AckBeforeNakKeepsPsnOrder) {
+  post_rbuf(1);
+  // A SEND that is owed an ACK, then a bad WRITE in the same batch: ACK 100, then NAK 101.
+  p.send(req(op::kRcSendOnly, 100), bytes(4, 1));
+  p.send(write(op::kRcRdmaWriteOnly, 101, tva(), 4, mt->rkey() ^ 0x80), bytes(4, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(out[1].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+  EXPECT_EQ(out[1].psn(), 101u);
 }
 
 TEST_F(RespTest, AckCoalescingOnlyOnAckReq) {
