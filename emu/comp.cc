@@ -156,6 +156,23 @@ WcStatus nak_status(uint8_t code) {
 
 }  // namespace
 
+void comp_check_sq_drained(Qp& qp) {
+  CompState& c = qp.comp_;
+  if (c.sqd_notified || qp.state() != QpState::kSqd) return;
+  Ring<SendWqe>& sq = qp.sq();
+  for (uint32_t i = 0; i < sq.size(); ++i) {
+    WqeState s = sq.at(i).state;
+    if (s == WqeState::kProcessing || s == WqeState::kPending) return;
+  }
+  c.sqd_notified = true;
+  if (qp.attr().en_sqd_async_notify) {
+    AsyncEvent ev;
+    ev.type = EventType::kSqDrained;
+    ev.qp = qp.shared_from_this();
+    qp.device().async_events().push(std::move(ev));
+  }
+}
+
 void comp_retire(Engine& e, Qp& qp) {
   (void)e;
   Ring<SendWqe>& sq = qp.sq();
@@ -181,6 +198,7 @@ void comp_retire(Engine& e, Qp& qp) {
     }
     break;
   }
+  comp_check_sq_drained(qp);
 }
 
 void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
@@ -307,7 +325,8 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
   ReqState& r = qp.req_;
   CompState& c = qp.comp_;
   if (!r.ready || c.dead) return;
-  bool run = false;
+  bool run = c.kick;
+  c.kick = false;
   if (c.rnr_deadline_ns != 0 && now_ns >= c.rnr_deadline_ns) {
     c.rnr_deadline_ns = 0;
     r.rnr_wait = false;

@@ -25,6 +25,10 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns);
 // takes the receive lock when the QP must change state.
 void comp_retire(Engine& e, Qp& qp);
 
+// In SQD, reports SQ_DRAINED (if en_sqd_async_notify) once no WQE is in flight any more.
+// REQUIRES: send lock.
+void comp_check_sq_drained(Qp& qp);
+
 // IBA RNR NAK timer field (Table 45) in nanoseconds: 0 -> 655.36 ms, 1 -> 10 us ... 31 ->
 // 491.52 ms.
 uint64_t rnr_timer_ns(uint8_t code);

@@ -432,6 +432,19 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
     c.retry_left = a.retry_cnt;
     c.rnr_left = a.rnr_retry;
     c.timeout_ns = ack_timeout_ns(a.timeout);
+    if (to == QpState::kSqd && from != QpState::kSqd) {
+      // emu reports an SQ that is empty now; the transports report a later drain.
+      c.sqd_notified = qp.sq().empty();
+      comp_check_sq_drained(qp);
+    } else if (to == QpState::kRts) {
+      c.sqd_notified = true;
+      if (from == QpState::kSqd) {
+        // WQEs posted while draining start now, from the progress thread (the requester
+        // cannot run inside modify_qp: it may need to fail the QP, which takes both locks).
+        c.kick = true;
+        arm_timer(wire::monotonic_ns());
+      }
+    }
     return;
   }
   if (to == QpState::kErr || to == QpState::kSqe) {

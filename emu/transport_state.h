@@ -95,6 +95,8 @@ struct CompState {
   uint64_t retrans_deadline_ns = 0;  // 0 = disarmed (CLOCK_MONOTONIC)
   uint64_t rnr_deadline_ns = 0;      // 0 = not waiting
   bool retry_latched = false;    // a go-back-N for lost read responses is in progress
+  bool sqd_notified = true;      // SQD: SQ_DRAINED already reported (or not in SQD)
+  bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
   bool registered = false;       // QP is in the engine's timer list
   bool dead = false;             // on_destroy ran: touch nothing
   Counters ctr;                  // per-QP counters (rxe names, see counters.h)

@@ -455,5 +455,34 @@ TEST_F(ReqTest, LocalInvalidateWaitsForEarlierWqes) {
   EXPECT_EQ(mw->view().state, MwState::kFree);
 }
 
+
+TEST_F(ReqTest, SqdDrainsReportsAndResumes) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
+  ASSERT_EQ(sent().size(), 1u);
+  QpAttr a;
+  a.qp_state = QpState::kSqd;
+  a.en_sqd_async_notify = 1;
+  ASSERT_TRUE(s.dev->modify_qp(qp, a, kQpState | kQpEnSqdAsyncNotify).is_ok());
+  // A WR posted while draining does not start.
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  EXPECT_EQ(s.dev->async_events().pending(), 0u);
+  ack(kSpsn);  // the in-flight SEND completes: the SQ is drained
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  AsyncEvent ev;
+  ASSERT_TRUE(s.dev->async_events().try_get(&ev).is_ok());
+  EXPECT_EQ(ev.type, EventType::kSqDrained);
+  EXPECT_EQ(ev.qp.get(), qp.get());
+  // Back to RTS: the waiting WR starts.
+  a = QpAttr{};
+  a.qp_state = QpState::kRts;
+  ASSERT_TRUE(s.dev->modify_qp(qp, a, kQpState).is_ok());
+  fire_timers();
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
+}
+
 }  // namespace
 }  // namespace rnic::emu::test
