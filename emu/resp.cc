@@ -649,6 +649,9 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
         }
         bump(qp.comp_.ctr, dctr(e), Ctr::kSendRnrErr);
         send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
+        // The rest of the message is already on its way; the RNR NAK stands for the gap it
+        // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
+        s.nak_sent = true;
         return RespOutcome::kOk;
       case Step::kErrInvReq:
       case Step::kErrLength:

@@ -297,6 +297,9 @@ TEST_F(RespTest, NoReceiveWqeSendsRnrNakWithMinRnrTimer) {
   EXPECT_EQ(out[0].psn(), 100u);
   EXPECT_EQ(ctr(Ctr::kSendRnrErr), 1u);
   EXPECT_EQ(qp->state(), QpState::kRts);
+  // The message's later packets, already in flight, are dropped without a PSN NAK.
+  p.send(req(op::kRcSendOnly, 101), bytes(16, 3));
+  EXPECT_EQ(step().size(), 0u);
   // After a receive is posted, the retried SEND succeeds at the same PSN.
   post_rbuf(1);
   p.send(req(op::kRcSendOnly, 100), bytes(16, 3));
