@@ -277,6 +277,12 @@ void req_run(Engine& e, Qp& qp) {
         ++r.pos;
         continue;
       }
+      if (w.opcode == WrOpcode::kAtomicWrite) {
+        // ATOMIC_WRITE (and FLUSH) are not implemented: fail the WQE, nothing is sent.
+        w.status = WcStatus::kLocQpOpErr;
+        w.state = WqeState::kError;
+        break;
+      }
       // Fence: wait until every earlier READ/ATOMIC has completed (IBA 10.8.3.3).
       if ((w.send_flags & kSendFence) && r.rd_atomic_inflight > 0) break;
       const bool rd_at = is_read(w.opcode) || is_atomic(w.opcode);

@@ -484,5 +484,17 @@ TEST_F(ReqTest, SqdDrainsReportsAndResumes) {
   EXPECT_EQ(out[0].psn(), kSpsn + 1);
 }
 
+
+TEST_F(ReqTest, AtomicWriteIsNotSupported) {
+  Wr w = send_wr(WrOpcode::kAtomicWrite, 1, {sge(buf.data(), 8, mb)});
+  w.atomic.remote_addr = 0x1000;
+  w.atomic.rkey = kRkey;
+  ASSERT_TRUE(post(qp, w).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocQpOpErr);
+}
+
 }  // namespace
 }  // namespace rnic::emu::test
