@@ -42,7 +42,9 @@ def main():
                 name = t["name"]
                 ok = t["result"] in ("OK", "EXPECTEDFAIL")
                 skipped = t["result"] == "SKIP"
-                xml = os.path.join(d, "test-xml", name.replace("/", "_") + ".xml")
+                # testlog names read "project:suite / test"; the XML is named after the test.
+                short = name.split(" / ")[-1]
+                xml = os.path.join(d, "test-xml", short.replace("/", "_") + ".xml")
                 if os.path.exists(xml):
                     p, fl = gtest_counts(xml)
                     if not ok and fl == 0:
