@@ -8,6 +8,7 @@
 #include <atomic>
 #include <tuple>
 
+#include "emu/mw.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {
@@ -342,6 +343,65 @@ TEST(GsoTest, GsoSenderToFilteredReceiver) {
   EXPECT_EQ(p.b.eng->counters().get(Ctr::kIcrcErr), 0u);
   EXPECT_GE(f.seen.load(), 256u);
   p.b.eng->port().set_filter(nullptr);
+}
+
+
+// SEND_WITH_INV over real UDP: b binds a type-2 MW on its QP, a invalidates it with the
+// SEND; the receive completion reports it and a later WRITE through the MW is refused.
+TEST(InvalidateTest, SendWithInvalidateThenWriteRefused) {
+  Pair p;
+  ASSERT_TRUE(p.a.eng && p.b.eng);
+  auto qa = p.a.qp(QpType::kRc);
+  auto qb = p.b.qp(QpType::kRc);
+  connect_pair(p.a, qa, p.b, qb);
+  GuardedBuf win(4096), rbuf(256), src(256);
+  src.pattern(3);
+  auto mwin = p.b.mr(win.data(), win.n, kAccessLocalWrite | kAccessRemoteWrite | kAccessMwBind);
+  auto mrb = p.b.mr(rbuf.data(), rbuf.n);
+  auto ms = p.a.mr(src.data(), src.n);
+  auto mw = *p.b.dev->alloc_mw(p.b.pd, MwType::kType2);
+  Wr b = send_wr(WrOpcode::kBindMw, 1, {});
+  b.bind_mw.mw_rkey = mw->rkey();
+  b.bind_mw.new_rkey = (mw->rkey() & ~0xffu) | 0x5a;
+  b.bind_mw.mr_lkey = mwin->lkey();
+  b.bind_mw.addr = reinterpret_cast<uint64_t>(win.data());
+  b.bind_mw.length = 1024;
+  b.bind_mw.access = kAccessRemoteWrite;
+  ASSERT_TRUE(post(qb, b).is_ok());
+  auto bc = poll_n(*p.b.scq, 1, 5000);
+  ASSERT_EQ(bc.size(), 1u);
+  ASSERT_EQ(bc[0].status, WcStatus::kSuccess);
+  const uint32_t rk = b.bind_mw.new_rkey;
+  // A WRITE through the window works.
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 2, {sge(src.data(), 64, ms)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(win.data());
+  w.rdma.rkey = rk;
+  ASSERT_TRUE(post(qa, w).is_ok());
+  auto c = poll_n(*p.a.scq, 1, 5000);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(win.data(), src.data(), 64));
+  // SEND_WITH_INV invalidates it.
+  ASSERT_TRUE(post_recv(qb, 9, {sge(rbuf.data(), 256, mrb)}).is_ok());
+  Wr si = send_wr(WrOpcode::kSendWithInv, 3, {sge(src.data(), 100, ms)});
+  si.invalidate_rkey = rk;
+  ASSERT_TRUE(post(qa, si).is_ok());
+  auto rc = poll_n(*p.b.rcq, 1, 5000);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(rc[0].wc_flags & kWcWithInv);
+  EXPECT_EQ(rc[0].imm_data, rk);
+  EXPECT_EQ(rc[0].byte_len, 100u);
+  EXPECT_EQ(poll_n(*p.a.scq, 1, 5000).size(), 1u);
+  std::vector<uint8_t> before(win.mem);
+  Wr w2 = send_wr(WrOpcode::kRdmaWrite, 4, {sge(src.data() + 64, 64, ms)});
+  w2.rdma.remote_addr = reinterpret_cast<uint64_t>(win.data());
+  w2.rdma.rkey = rk;
+  ASSERT_TRUE(post(qa, w2).is_ok());
+  c = poll_n(*p.a.scq, 1, 5000);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+  EXPECT_EQ(before, win.mem);
 }
 
 }  // namespace
