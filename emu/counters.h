@@ -40,9 +40,11 @@ enum class Ctr : uint8_t {
   kNakRcvd,             // naks_rcvd (ours): NAKs other than RNR / PSN sequence
   kRemAccessNakSent,    // rem_access_nak_sent (ours)
   kRemAccessNakRcvd,    // rem_access_nak_rcvd (ours)
-  kRetransPkts,         // retrans_pkts (ours): packets sent again by go-back-N
+  kRetransPkts,         // retrans_pkts (ours): request packets sent again (go-back-N after a
+                        // NAK or lost response, and timeout retransmits); counted by req
   kUcDropped,           // uc_dropped (ours): UC packets dropped (gap, bad rkey, no WQE)
   kUdDropped,           // ud_dropped (ours): UD packets dropped (no WQE, too long)
+  kDropSrcPort,         // drop_src_port (ours): strict source check refused the UDP port
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

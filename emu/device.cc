@@ -108,7 +108,21 @@ Device::Device(const DeviceConfig& cfg)
            seed_or_random(cfg.key_seed, 5)),
       mws_(1, 0xFFFFFF, kMaxMw, seed_or_random(cfg.key_seed, 6)),
       mrs_(1, 0xFFFFFF, cfg.max_mr != 0 ? cfg.max_mr : kMaxMr,
-           seed_or_random(cfg.key_seed, 7)) {}
+           seed_or_random(cfg.key_seed, 7)) {
+  set_strict_src(cfg.strict_src, cfg.strict_src_port);
+}
+
+void Device::set_strict_src(bool on, uint16_t port) {
+  uint32_t m = !on ? 0u : port != 0 ? (kStrictFixed | port) : kStrictLatch;
+  strict_src_.store(m, std::memory_order_relaxed);
+}
+
+Status Device::set_secure_keys(bool on) {
+  if (keys_.secure() == on) return Status::ok();
+  if (!keys_.set_secure(on)) return Errc::kBusy;
+  cfg_.secure_keys = on;
+  return Status::ok();
+}
 
 Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   if (cfg.name.empty() || cfg.name.size() >= 64) return Errc::kInval;

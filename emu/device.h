@@ -42,6 +42,15 @@ struct DeviceConfig {
   // Limits override (0 = param.h default); tests use small values to hit ENOMEM.
   uint32_t max_mr = 0;
   uint32_t max_qp = 0;
+  // Opt-in strict source check (checks-and-faults §2.5; off by default, like rxe). RC/UC
+  // packets must come from the connected peer's IP AND an expected UDP source port, else they
+  // are dropped and counted (drop_src_port). strict_src_port == 0: the port of the first
+  // packet that passes the IP check after the QP left RESET is latched per QP (real NICs use a
+  // per-QP source port we cannot know at RTR; the first-seen packet wins, so a forger that
+  // speaks before the peer takes the latch). strict_src_port != 0 (e.g. 4791, the port every
+  // softrnic peer sends from): that exact port, no latching.
+  bool strict_src = false;
+  uint16_t strict_src_port = 0;
 };
 
 // ibv_device_attr, field for field (fw_ver as a string).
@@ -157,6 +166,15 @@ class Device : public std::enable_shared_from_this<Device> {
   // Port counters bumped by ingress (bad P_Key, Q_Key violation).
   void count_bad_pkey() { bad_pkey_cntr_.fetch_add(1, std::memory_order_relaxed); }
   void count_qkey_viol() { qkey_viol_cntr_.fetch_add(1, std::memory_order_relaxed); }
+  // Strict source check (see DeviceConfig::strict_src). Mode word read per packet by recv:
+  // 0 = off, kStrictLatch = latch the first-seen port, kStrictFixed | port = that port.
+  static constexpr uint32_t kStrictLatch = 1u << 16;
+  static constexpr uint32_t kStrictFixed = 1u << 17;
+  void set_strict_src(bool on, uint16_t port = 0);
+  uint32_t strict_src_mode() const { return strict_src_.load(std::memory_order_relaxed); }
+  // Switch the key table to secure keys (DeviceConfig::secure_keys) after open(); only before
+  // any MR/MW key was issued (EBUSY after). Used when the mode comes from the environment.
+  Status set_secure_keys(bool on);
 
   // ---- PD ----
   Result<std::shared_ptr<Pd>> alloc_pd();
@@ -254,6 +272,7 @@ class Device : public std::enable_shared_from_this<Device> {
   PortAttr port_;
   std::atomic<PortState> port_state_{PortState::kActive};
   std::atomic<uint32_t> bad_pkey_cntr_{0}, qkey_viol_cntr_{0};
+  std::atomic<uint32_t> strict_src_{0};
   GidEntry gid0_;
   AsyncEventQueue events_;
   std::atomic<TransportHooks*> hooks_{nullptr};

@@ -373,6 +373,7 @@ void reset_transport(Qp& qp) {
   c.psn = 0;
   c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
   c.retry_latched = false;
+  c.src_latch.store(0, std::memory_order_relaxed);  // strict source check (recv.cc)
 }
 
 }  // namespace

@@ -854,10 +854,7 @@ std::string FaultEngine::from_values(const char* faults, const char* faults_file
   if (seed_given && !parse_fault_u64(seed, &sd))
     return std::string("SOFTRNIC_FAULT_SEED: bad value \"") + seed +
            "\" (want a decimal or 0x-hex 64-bit number)";
-  if (!set(faults) && !set(faults_file)) {
-    if (set(trace_path)) return "SOFTRNIC_FAULT_TRACE is set but no SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE";
-    return "";
-  }
+  if (!set(faults) && !set(faults_file) && !set(trace_path)) return "";
   std::vector<FaultRule> rules;
   std::optional<uint64_t> plan_seed;
   if (set(faults_file)) {
@@ -878,8 +875,11 @@ std::string FaultEngine::from_values(const char* faults, const char* faults_file
   }
   if (!seed_given && plan_seed) sd = *plan_seed;
   if constexpr (!wire::kFaultInjection) {
-    return "SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE are set but fault injection is compiled out "
-           "of this build (meson -Dfault_injection=true)";
+    if (set(faults) || set(faults_file))
+      return "SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE are set but fault injection is compiled out "
+             "of this build (meson -Dfault_injection=true)";
+    return "SOFTRNIC_FAULT_TRACE is set but fault injection is compiled out of this build "
+           "(meson -Dfault_injection=true)";
   }
   auto eng = std::make_unique<FaultEngine>(sd);
   if (std::string e = eng->add_parsed(std::move(rules)); !e.empty()) return e;

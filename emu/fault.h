@@ -187,8 +187,10 @@ class FaultEngine final : public wire::PacketFilter {
   // ---- Environment ------------------------------------------------------------------
   // Builds an engine from the values of SOFTRNIC_FAULTS (inline plan), SOFTRNIC_FAULTS_FILE
   // (path), SOFTRNIC_FAULT_SEED and SOFTRNIC_FAULT_TRACE (path; trace lines appended).
-  // Any may be null. *out = nullptr when neither plan is given (and no error). An error
-  // names the variable, the file and line, the rule and the column.
+  // Any may be null. *out = nullptr when neither a plan nor a trace path is given (and no
+  // error). A trace path without a plan gives an engine with no rules that traces the rules
+  // added later at run time (`softrnic fault add`). An error names the variable, the file
+  // and line, the rule and the column.
   static std::string from_values(const char* faults, const char* faults_file, const char* seed,
                                  const char* trace_path, std::unique_ptr<FaultEngine>* out);
   static std::string from_env(std::unique_ptr<FaultEngine>* out);

@@ -213,4 +213,13 @@ size_t KeyTable::live_mws() const {
   return opt_.secure ? secure_live_mw_ : mw_space_.live;
 }
 
+bool KeyTable::set_secure(bool on) {
+  std::unique_lock lk(mu_);
+  if (!mr_space_.slots.empty() || !mw_space_.slots.empty() || !secure_slots_.empty() ||
+      !retired_.empty())
+    return false;
+  opt_.secure = on;
+  return true;
+}
+
 }  // namespace rnic::emu

@@ -82,6 +82,9 @@ class KeyTable {
   size_t live_mrs() const;
   size_t live_mws() const;
   bool secure() const { return opt_.secure; }
+  // Switch secure mode on/off. Only while no key has ever been issued (returns false after);
+  // call before the table is shared with other threads (device setup).
+  bool set_secure(bool on);
 
  private:
   struct Slot {

@@ -30,15 +30,34 @@ bool type_matches(QpType t, uint8_t opcode) {
 // entry is the full-member default 0xFFFF.
 bool pkey_ok(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }
 
-// RC/UC address binding (rxe check_addr): the packet came from the QP's peer to us.
+enum class AddrCheck : uint8_t { kOk, kBadIp, kBadPort };
+
+// RC/UC address binding (rxe check_addr): the packet came from the QP's peer to us. With the
+// opt-in strict source check (DeviceConfig::strict_src) the UDP source port must also match:
+// a fixed port, or the port latched from the first packet that passed the IP check.
 // REQUIRES: one of the QP's locks (av()).
-bool addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
-  if (qp.type() == QpType::kUd) return true;
+AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
+  if (qp.type() == QpType::kUd) return AddrCheck::kOk;
   const Av& av = qp.av();
-  if (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4) return false;
+  if (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4) return AddrCheck::kBadIp;
   const bool dst_known = d.dst.ipv6 || d.dst.v4_host() != 0;
-  if (dst_known && (d.dst.ipv6 || d.dst.v4_host() != e.device().ipv4())) return false;
-  return true;
+  if (dst_known && (d.dst.ipv6 || d.dst.v4_host() != e.device().ipv4())) return AddrCheck::kBadIp;
+  const uint32_t mode = e.device().strict_src_mode();
+  if (mode == 0) return AddrCheck::kOk;
+  const uint32_t port = d.src.port;
+  if (mode & Device::kStrictFixed)
+    return port == (mode & 0xffffu) ? AddrCheck::kOk : AddrCheck::kBadPort;
+  // Latch: requests (receive lock) and responses (send lock) may race for the first packet.
+  const uint32_t want = 0x10000u | port;
+  uint32_t cur = 0;
+  if (qp.comp_.src_latch.compare_exchange_strong(cur, want, std::memory_order_relaxed))
+    return AddrCheck::kOk;
+  return cur == want ? AddrCheck::kOk : AddrCheck::kBadPort;
+}
+
+// Counts a failed address check (IP mismatch or strict source port).
+void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc) {
+  bump(qc, dc, a == AddrCheck::kBadPort ? Ctr::kDropSrcPort : Ctr::kDropAddr);
 }
 
 }  // namespace
@@ -121,8 +140,8 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
       std::lock_guard lk(qp->recv_mutex());
       if (qp->comp_.dead) return;
       // 6. Address binding (RC/UC) and Q_Key (UD).
-      if (!addr_ok(e, *qp, d)) {
-        bump(qc, dc, Ctr::kDropAddr);
+      if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+        count_addr_drop(a, qc, dc);
         return;
       }
       if (qp->type() == QpType::kUd && p.deth().qkey() != qp->attr().qkey) {
@@ -142,8 +161,8 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   }
   std::lock_guard lk(qp->send_mutex());
   if (qp->comp_.dead) return;
-  if (!addr_ok(e, *qp, d)) {
-    bump(qc, dc, Ctr::kDropAddr);
+  if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+    count_addr_drop(a, qc, dc);
     return;
   }
   bump(qc, dc, Ctr::kRcvdPkts);

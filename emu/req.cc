@@ -391,6 +391,7 @@ void req_run(Engine& e, Qp& qp) {
     }
     tx.commit(dst, len);
     bump(c.ctr, e.counters(), Ctr::kSentPkts);
+    if (rc && psn_diff(psn, r.max_psn) < 0) bump(c.ctr, e.counters(), Ctr::kRetransPkts);
     sent = true;
     if (rc) r.pkts_since_ackreq = f.ack_req ? 0 : r.pkts_since_ackreq + 1;
     r.psn = psn_add(psn, psn_used);

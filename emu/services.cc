@@ -32,6 +32,32 @@ std::string ServicesOptions::from_env(ServicesOptions* out) {
     if (*v == '\0') return "SOFTRNIC_PCAP: empty value (expected a file path; %p is replaced by the pid)";
     out->pcap = v;
   }
+  auto flag = [](const char* name, std::optional<bool>* dst) -> std::string {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return "";
+    std::string_view s(v);
+    if (s == "1" || s == "on" || s == "yes") {
+      *dst = true;
+    } else if (s == "0" || s == "off" || s == "no" || s.empty()) {
+      *dst = false;
+    } else {
+      return std::string(name) + ": bad value \"" + v + "\" (expected 0 or 1)";
+    }
+    return "";
+  };
+  if (std::string e = flag("SOFTRNIC_SECURE_KEYS", &out->secure_keys); !e.empty()) return e;
+  if (std::string e = flag("SOFTRNIC_STRICT_SRC", &out->strict_src); !e.empty()) return e;
+  if (const char* v = std::getenv("SOFTRNIC_STRICT_SRC_PORT")) {
+    char* end = nullptr;
+    unsigned long p = std::strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || p == 0 || p > 65535)
+      return std::string("SOFTRNIC_STRICT_SRC_PORT: bad value \"") + v +
+             "\" (expected a UDP port 1..65535, e.g. 4791)";
+    out->strict_src_port = static_cast<uint16_t>(p);
+    if (!out->strict_src) out->strict_src = true;
+    else if (!*out->strict_src)
+      return "SOFTRNIC_STRICT_SRC_PORT is set but SOFTRNIC_STRICT_SRC=0";
+  }
   if (const char* v = std::getenv("SOFTRNIC_CONTROL")) {
     std::string_view s(v);
     if (s.empty() || s == "on" || s == "1" || s == "yes") {
@@ -59,6 +85,11 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
     *err = "device services: the device has no running engine";
     return nullptr;
   }
+  if (opt.secure_keys && !dev->set_secure_keys(*opt.secure_keys).is_ok()) {
+    *err = "SOFTRNIC_SECURE_KEYS: cannot change the key mode after memory was registered";
+    return nullptr;
+  }
+  if (opt.strict_src) dev->set_strict_src(*opt.strict_src, opt.strict_src_port);
   std::unique_ptr<DeviceServices> s(new DeviceServices(dev));
   s->always_filter_ = opt.always_filter;
 

@@ -14,7 +14,13 @@
 //   SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE / SOFTRNIC_FAULT_SEED / SOFTRNIC_FAULT_TRACE
 //       fault plan, seed and trace file (emu/fault.h from_values). A bad plan is an error
 //       that names the variable, file, line and column; the device must not open.
-//       With no plan the engine still exists (empty) so `softrnic fault add` works later.
+//       With no plan the engine still exists (empty) so `softrnic fault add` works later;
+//       SOFTRNIC_FAULT_TRACE without a plan traces those run-time rules.
+//   SOFTRNIC_SECURE_KEYS=0|1   secure keys (DeviceConfig::secure_keys; applied by create()
+//       before any MR exists). SOFTRNIC_STRICT_SRC=0|1 strict source check, latching each
+//       RC/UC QP's first-seen UDP source port; SOFTRNIC_STRICT_SRC_PORT=N strict with that
+//       fixed source port (4791 = softrnic peers). DeviceConfig::strict_src documents both.
+//       A bad value is an error naming the variable.
 //   SOFTRNIC_PCAP=file      capture from the start ("%p" -> pid). Cannot open -> error.
 //   SOFTRNIC_CONTROL=on|off|required   (default on) the control socket in the runtime dir
 //       (emu/control.h). on: failure to open it prints one warning line on stderr and the
@@ -83,6 +89,10 @@ struct ServicesOptions {
   // Capture file pattern ("%p" -> pid); empty = no capture at start.
   std::string pcap;
   ControlMode control = ControlMode::kOn;
+  // Hardening from the environment (nullopt = leave the device's DeviceConfig value).
+  std::optional<bool> secure_keys;
+  std::optional<bool> strict_src;
+  uint16_t strict_src_port = 0;  // with strict_src: 0 = latch first-seen port
   ControlServer::Options control_opts;  // runtime_dir etc. (empty = control_runtime_dir())
   // Install the filter even with no rule and no capture (measurements, tests).
   bool always_filter = false;
@@ -90,16 +100,16 @@ struct ServicesOptions {
   // DeviceServices::warning()).
   bool warn_stderr = true;
 
-  // Reads SOFTRNIC_FAULTS, _FAULTS_FILE, _FAULT_SEED, _FAULT_TRACE, _PCAP, _CONTROL.
-  // Returns "" or an error naming the variable (only SOFTRNIC_CONTROL and an empty
-  // SOFTRNIC_PCAP are checked here; the plan is checked by create()).
+  // Reads SOFTRNIC_FAULTS, _FAULTS_FILE, _FAULT_SEED, _FAULT_TRACE, _PCAP, _CONTROL,
+  // _SECURE_KEYS, _STRICT_SRC, _STRICT_SRC_PORT. Returns "" or an error naming the variable
+  // (the plan is checked by create()).
   static std::string from_env(ServicesOptions* out);
 };
 
 class DeviceServices final : public ControlTarget, private wire::PacketFilter {
  public:
   // REQUIRES: dev has a running engine (dev->engine() != nullptr). Returns nullptr and
-  // *err for: a bad fault plan/seed/trace file, a capture file that cannot be opened, or
+  // *err for: secure_keys requested after an MR/MW key was issued, a bad fault plan/seed/trace file, a capture file that cannot be opened, or
   // (control == kRequired) a control socket that cannot be opened.
   static std::unique_ptr<DeviceServices> create(const std::shared_ptr<Device>& dev,
                                                 const ServicesOptions& opt, std::string* err);

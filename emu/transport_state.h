@@ -3,6 +3,7 @@
 // engine); emu's object model only constructs them (value-initialised) and never reads them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -99,6 +100,9 @@ struct CompState {
   bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
   bool registered = false;       // QP is in the engine's timer list
   bool dead = false;             // on_destroy ran: touch nothing
+  // Strict source check (recv.cc): 0 = no UDP source port latched yet, else 0x10000 | port.
+  // Any thread (atomic); cleared when the QP goes back to RESET.
+  std::atomic<uint32_t> src_latch{0};
   Counters ctr;                  // per-QP counters (rxe names, see counters.h)
 };
 

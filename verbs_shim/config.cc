@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace rnic::shim {
 namespace {
@@ -35,6 +36,19 @@ bool parse_level(const char* s, LogLevel* out) {
   }
   if (strcasecmp(s, "warning") == 0) {
     *out = LogLevel::kWarn;
+    return true;
+  }
+  return false;
+}
+
+bool parse_bool(const char* s, bool* out) {
+  if (strcasecmp(s, "1") == 0 || strcasecmp(s, "on") == 0 || strcasecmp(s, "yes") == 0) {
+    *out = true;
+    return true;
+  }
+  if (*s == '\0' || strcasecmp(s, "0") == 0 || strcasecmp(s, "off") == 0 ||
+      strcasecmp(s, "no") == 0) {
+    *out = false;
     return true;
   }
   return false;
@@ -93,6 +107,29 @@ bool parse_config(Config* cfg, std::string* err) {
       *err = describe("SOFTRNIC_LOG", v, "off|error|warn|info|debug|trace or 0..5");
       return false;
     }
+  }
+  for (auto [var, dst] : {std::pair{"SOFTRNIC_SECURE_KEYS", &cfg->secure_keys},
+                         std::pair{"SOFTRNIC_STRICT_SRC", &cfg->strict_src}}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr) continue;
+    if (!parse_bool(v, dst)) {
+      *err = describe(var, v, "0 or 1");
+      return false;
+    }
+  }
+  if (const char* v = std::getenv("SOFTRNIC_STRICT_SRC_PORT")) {
+    char* end = nullptr;
+    unsigned long p = std::strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || p == 0 || p > 65535) {
+      *err = describe("SOFTRNIC_STRICT_SRC_PORT", v, "a UDP port 1..65535, e.g. 4791");
+      return false;
+    }
+    if (std::getenv("SOFTRNIC_STRICT_SRC") != nullptr && !cfg->strict_src) {
+      *err = describe("SOFTRNIC_STRICT_SRC_PORT", v, "SOFTRNIC_STRICT_SRC unset or 1");
+      return false;
+    }
+    cfg->strict_src_port = static_cast<uint16_t>(p);
+    cfg->strict_src = true;
   }
   if (const char* v = std::getenv("SOFTRNIC_PCAP")) {
     if (*v == '\0') {

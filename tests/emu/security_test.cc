@@ -192,7 +192,7 @@ TEST_F(SecurityTest, S31_SpoofedRemoteAccessNakFailsOutstandingWrite) {
 // sees SUCCESS while A's data is in memory. (Reproduced on purpose: no sentinel mode yet.)
 TEST_F(SecurityTest, S32_ForgedWriteWithExactPsnFromClientIpIsExecuted) {
   ASSERT_NO_FATAL_FAILURE(start(32));
-  Attacker a(c_ip_);  // C's IP, another UDP port (the source port is not checked)
+  Attacker a(c_ip_);  // C's IP, another UDP port (not checked by default; see S32s_*)
   std::vector<uint8_t> evil(512, 0xEE);
   a.send(s_ip_, forged_write(kPsn, ms_->rkey(), 512), evil);
   ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kRdmaRecvs) == 1; }));
@@ -214,6 +214,94 @@ TEST_F(SecurityTest, S32_ForgedWriteWithExactPsnFromClientIpIsExecuted) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 64), 0);
+}
+
+// S32 with the opt-in strict source check (DeviceConfig::strict_src, latching mode): C's first
+// WRITE latches C's UDP source port (4791) on S's QP; A's WRITE forged with C's IP, the exact
+// ePSN, QPN and rkey but from another UDP port is then dropped silently (drop_src_port), and
+// C's genuine WRITE with that PSN executes. Paired with the same run without strict mode,
+// where A's packet is accepted.
+TEST_F(SecurityTest, S32s_StrictSrcLatchDropsForgedWriteFromOtherPort) {
+  ASSERT_NO_FATAL_FAILURE(start(37));
+  s_.dev->set_strict_src(true);  // latch the first-seen port
+  post_write(256, 1);            // genuine, PSN kPsn: latches 4791
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(qs_->comp_.src_latch.load(), 0x10000u | wire::kRoceUdpPort);
+
+  Attacker a(c_ip_);  // C's IP, another UDP port
+  std::vector<uint8_t> evil(512, 0xEE);
+  a.send(s_ip_, forged_write(kPsn + 1, ms_->rkey(), 512), evil);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDropSrcPort) == 1; }));
+  EXPECT_EQ(s_.eng->counters().get(Ctr::kDropSrcPort), 1u);
+  EXPECT_EQ(qctr(qs_, Ctr::kDropAddr), 0u);
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 1u);
+  EXPECT_EQ(s_.eng->counters().get(Ctr::kNakSent), 0u);
+
+  post_write(512, 2);  // genuine, PSN kPsn + 1: executes (ePSN was not moved by A)
+  c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 2u);
+  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
+  for (uint32_t i = 512; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
+  EXPECT_TRUE(dst_->guards_ok());
+  EXPECT_EQ(qc_->state(), QpState::kRts);
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+}
+
+TEST_F(SecurityTest, S32s_WithoutStrictSrcForgedWriteFromOtherPortIsAccepted) {
+  ASSERT_NO_FATAL_FAILURE(start(38));
+  post_write(256, 1);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+
+  Attacker a(c_ip_);
+  std::vector<uint8_t> evil(512, 0xEE);
+  a.send(s_ip_, forged_write(kPsn + 1, ms_->rkey(), 512), evil);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kRdmaRecvs) == 2; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kDropSrcPort), 0u);
+
+  post_write(512, 2);  // now a duplicate: ACKed, not executed
+  c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDuplicateRequest) == 1; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 2u);
+  for (uint32_t i = 0; i < 512; ++i) ASSERT_EQ(dst_->data()[i], 0xEE) << i;
+  EXPECT_TRUE(dst_->guards_ok());
+}
+
+// Strict source check with a fixed port (SOFTRNIC_STRICT_SRC_PORT=4791 through the services
+// options): even A's packet sent before any genuine one is dropped (no latch to win).
+TEST_F(SecurityTest, S32s_StrictSrcFixedPortDropsForgedFirstPacket) {
+  ASSERT_NO_FATAL_FAILURE(start(39));
+  ServicesOptions so;
+  so.control = ControlMode::kOff;
+  so.strict_src = true;
+  so.strict_src_port = wire::kRoceUdpPort;
+  std::string err;
+  svc_ = DeviceServices::create(s_.dev, so, &err);
+  ASSERT_NE(svc_, nullptr) << err;
+  EXPECT_EQ(s_.dev->strict_src_mode(), Device::kStrictFixed | wire::kRoceUdpPort);
+
+  Attacker a(c_ip_);
+  std::vector<uint8_t> evil(512, 0xEE);
+  a.send(s_ip_, forged_write(kPsn, ms_->rkey(), 512), evil);
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDropSrcPort) == 1; }));
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 0u);
+  EXPECT_TRUE(target_is(0x5a));
+
+  post_write(512);
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
+  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  EXPECT_TRUE(dst_->guards_ok());
 }
 
 // S33: the same forged WRITE from A's own IP is dropped silently at the address check: no NAK,

@@ -1,0 +1,273 @@
+// tests/emu/hardening_test: retrans_pkts accounting (go-back-N and timeout retransmits), S19
+// (rkey re-checked per packet: deregistration in the middle of a multi-packet WRITE / READ
+// stops the rest), S20 (ODP: refused), and SOFTRNIC_FAULT_TRACE without a plan. Two devices
+// on an in-memory network driven by hand (deterministic), like proto_scenarios_test.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+
+#include "emu/fault.h"
+#include "emu/memory.h"
+#include "tests/emu/proto_util.h"
+#include "wire/byteorder.h"
+
+namespace rnic::emu::test {
+namespace {
+
+namespace op = wire::op;
+
+struct FnFilter : wire::PacketFilter {
+  using Fn = std::function<wire::Verdict(wire::Direction, std::span<uint8_t>)>;
+  std::mutex mu;
+  Fn fn;
+  wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                          std::span<uint8_t> roce, wire::FilterOut&) override {
+    std::lock_guard lk(mu);
+    return fn ? fn(dir, roce) : wire::Verdict::kPass;
+  }
+};
+bool is_request(std::span<const uint8_t> r) { return wire::opcode_info(r[0]).mask & wire::kReqMask; }
+
+// Direct memory access that runs `hook` right after the n-th read (or write) inside [lo, hi):
+// the invalidation point falls between two packets of one message.
+struct HookedMem final : MemAccess {
+  DirectMemAccess d;
+  uint64_t lo = 0, hi = 0;
+  int reads = 0, writes = 0, fire_read = -1, fire_write = -1;
+  std::function<void()> hook;
+  bool in(uint64_t a) const { return a >= lo && a < hi; }
+  bool read(uint64_t a, void* dst, size_t len) override {
+    bool ok = d.read(a, dst, len);
+    if (in(a) && ++reads == fire_read && hook) hook();
+    return ok;
+  }
+  bool write(uint64_t a, const void* src, size_t len) override {
+    bool ok = d.write(a, src, len);
+    if (in(a) && ++writes == fire_write && hook) hook();
+    return ok;
+  }
+  bool atomic_cas64(uint64_t a, uint64_t c, uint64_t s, uint64_t* o) override {
+    return d.atomic_cas64(a, c, s, o);
+  }
+  bool atomic_faa64(uint64_t a, uint64_t v, uint64_t* o) override { return d.atomic_faa64(a, v, o); }
+  bool atomic_write64(uint64_t a, uint64_t v) override { return d.atomic_write64(a, v); }
+};
+
+class Hardening : public ::testing::Test {
+ protected:
+  wire::MemNetwork net;
+  Node c = Node::on_mem(net, "127.0.0.2");
+  Node s = Node::on_mem(net, "127.0.0.3");
+  std::shared_ptr<Qp> qc, qs;
+  GuardedBuf lbuf{64 * 1024}, tbuf{64 * 1024};
+  std::shared_ptr<Mr> ml, mt;
+  FnFilter cf, sf;
+
+  void SetUp() override {
+    lbuf.pattern(1);
+    tbuf.pattern(2);
+    ml = c.mr(lbuf.data(), lbuf.n);
+    mt = s.mr(tbuf.data(), tbuf.n);
+    c.eng->port().set_filter(&cf);
+    s.eng->port().set_filter(&sf);
+    qc = c.qp(QpType::kRc);
+    qs = s.qp(QpType::kRc);
+    connect_pair(c, qc, s, qs, ConnOpts{});  // MTU 1024
+  }
+  void TearDown() override {
+    c.eng->port().set_filter(nullptr);
+    s.eng->port().set_filter(nullptr);
+  }
+  void run() {
+    for (int i = 0; i < 100000; ++i) {
+      int moved = c.eng->port().release_held() + s.eng->port().release_held();
+      moved += c.eng->poll_rx() + s.eng->poll_rx();
+      if (moved == 0) return;
+    }
+  }
+  void fire_timers() {
+    uint64_t far = wire::monotonic_ns() + 3'600'000'000'000ull;
+    c.eng->run_timers(far);
+    s.eng->run_timers(far);
+    run();
+  }
+  Status post_rw(WrOpcode o, uint64_t id, uint32_t len) {
+    Wr w = send_wr(o, id, {sge(lbuf.data(), len, ml)});
+    w.rdma.remote_addr = reinterpret_cast<uint64_t>(tbuf.data());
+    w.rdma.rkey = mt->rkey();
+    return post(qc, w);
+  }
+  uint64_t cctr(Ctr k) { return qc->comp_.ctr.get(k); }
+  uint64_t sctr(Ctr k) { return qs->comp_.ctr.get(k); }
+};
+
+// retrans_pkts: dropping request packet 7 of a 16-packet WRITE makes S NAK (PSN sequence)
+// and C go back N from packet 7: packets 7..16 are sent again (10).
+TEST_F(Hardening, RetransPktsCountsGoBackN) {
+  int n = 0;
+  cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
+    if (d == wire::Direction::kTx && is_request(r) && ++n == 7) return wire::Verdict::kDrop;
+    return wire::Verdict::kPass;
+  };
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(cctr(Ctr::kRcvdSeqErr), 1u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 10u);
+  EXPECT_EQ(cctr(Ctr::kSentPkts), 26u);
+  EXPECT_EQ(c.eng->counters().get(Ctr::kRetransPkts), 10u);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+}
+
+// retrans_pkts: the only ACK of a 2-packet WRITE is dropped; the retransmit timer fires and
+// C sends both packets again (S answers them as duplicates).
+TEST_F(Hardening, RetransPktsCountsTimeoutRetransmit) {
+  int acks = 0;
+  sf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
+    if (d == wire::Direction::kTx && r[0] == op::kRcAcknowledge && ++acks == 1)
+      return wire::Verdict::kDrop;
+    return wire::Verdict::kPass;
+  };
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 2048).is_ok());
+  run();
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 0u);
+  EXPECT_TRUE(drain_cq(*c.scq).empty());
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(cctr(Ctr::kLocalAckTimeoutErr), 1u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 2u);
+  EXPECT_EQ(sctr(Ctr::kDuplicateRequest), 2u);
+  // A clean WRITE afterwards counts nothing more.
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 2, 1024).is_ok());
+  run();
+  ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 2u);
+}
+
+std::shared_ptr<HookedMem> hook_target(Node& n, GuardedBuf& b, std::function<void()> fn) {
+  auto hm = std::make_shared<HookedMem>();
+  hm->lo = reinterpret_cast<uint64_t>(b.data());
+  hm->hi = hm->lo + b.n;
+  hm->hook = std::move(fn);
+  n.dev->set_mem(hm);
+  return hm;
+}
+
+// S19 (WRITE): S's target MR is deregistered right after packet 4 of a 16-packet WRITE has
+// been written. The rkey is re-checked per packet: packet 5 is refused with NAK 0x62 (S ->
+// ERR), packets after it change nothing; C: REM_ACCESS_ERR.
+TEST_F(Hardening, S19_DeregMidMultiPacketWriteStopsTheRest) {
+  const auto before = std::vector<uint8_t>(tbuf.mem.begin(), tbuf.mem.end());
+  auto hm = hook_target(s, tbuf, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
+  hm->fire_write = 4;
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(qc->state(), QpState::kErr);
+  EXPECT_EQ(qs->state(), QpState::kErr);
+  EXPECT_EQ(sctr(Ctr::kRemAccessNakSent), 1u);
+  EXPECT_EQ(hm->writes, 4);  // no write after the invalidation
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 4 * 1024));
+  for (size_t i = GuardedBuf::kGuard + 4 * 1024; i < tbuf.mem.size(); ++i)
+    ASSERT_EQ(tbuf.mem[i], before[i]) << "byte " << i - GuardedBuf::kGuard << " changed";
+  for (size_t i = 0; i < GuardedBuf::kGuard; ++i) ASSERT_EQ(tbuf.mem[i], before[i]);
+}
+
+// S19 (READ): a 16 KiB READ; S's MR is deregistered right after response 5 read its data.
+// Response 6 fails its rkey re-check (NAK 0x62, S -> ERR), responses 6.. are never sent, C
+// gets REM_ACCESS_ERR and holds no byte from after the invalidation point.
+TEST_F(Hardening, S19_DeregMidReadStopsResponses) {
+  auto hm = hook_target(s, tbuf, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
+  hm->fire_read = 5;
+  int resp = 0;
+  cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
+    if (d == wire::Direction::kRx && r[0] >= op::kRcRdmaReadResponseFirst &&
+        r[0] <= op::kRcRdmaReadResponseOnly)
+      ++resp;
+    return wire::Verdict::kPass;
+  };
+  std::memset(lbuf.data(), 0, 16 * 1024);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(qs->state(), QpState::kErr);
+  EXPECT_EQ(sctr(Ctr::kRemAccessNakSent), 1u);
+  EXPECT_EQ(hm->reads, 5);  // no memory read after the invalidation
+  std::printf("S19 READ: %d read-response packets reached C (of 16)\n", resp);
+  EXPECT_LE(resp, 5);
+  for (size_t i = 5 * 1024; i < 16 * 1024; ++i)
+    ASSERT_EQ(lbuf.data()[i], 0) << "byte " << i << " read after the invalidation";
+  EXPECT_TRUE(lbuf.guards_ok());
+}
+
+// S20: ODP is not implemented; an ON_DEMAND registration is refused (EOPNOTSUPP) instead of
+// silently behaving as a pinned MR, so neither "fault served" nor "just outside" can arise.
+TEST_F(Hardening, S20_OdpRegistrationRefused) {
+  auto a = reinterpret_cast<uint64_t>(tbuf.data());
+  auto m = s.dev->reg_mr(s.pd, a, 4096, a, kAccessLocalWrite | kAccessRemoteWrite | kAccessOnDemand);
+  ASSERT_FALSE(m.has_value());
+  EXPECT_EQ(m.error(), Errc::kOpNotSupp);
+}
+
+// SOFTRNIC_FAULT_TRACE without SOFTRNIC_FAULTS: an empty engine that traces rules added at
+// run time (`softrnic fault add`).
+TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
+  char path[] = "/tmp/softrnic_trace_XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::unique_ptr<FaultEngine> fe;
+  ASSERT_EQ(FaultEngine::from_values(nullptr, nullptr, nullptr, path, &fe), "");
+  ASSERT_NE(fe, nullptr);
+  EXPECT_TRUE(fe->list().empty());
+  std::string reply;
+  ASSERT_TRUE(fe->command("add dir=tx class=write => drop", &reply)) << reply;
+
+  wire::MemNetwork net;
+  Node c = Node::on_mem(net, "127.0.0.2");
+  Node s = Node::on_mem(net, "127.0.0.3");
+  auto qc = c.qp(QpType::kRc), qs = s.qp(QpType::kRc);
+  connect_pair(c, qc, s, qs, ConnOpts{});
+  GuardedBuf l(1024), t(1024);
+  auto ml = c.mr(l.data(), 1024);
+  auto mt = s.mr(t.data(), 1024);
+  ASSERT_TRUE(fe->attach(c.eng->port()));
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(l.data(), 512, ml)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(t.data());
+  w.rdma.rkey = mt->rkey();
+  ASSERT_TRUE(post(qc, w).is_ok());
+  for (int i = 0; i < 100 && (c.eng->poll_rx() + s.eng->poll_rx()) > 0; ++i) {
+  }
+  fe->detach(c.eng->port());
+  EXPECT_EQ(fe->counters().dropped, 1u);
+  fe.reset();  // closes the trace file
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::remove(path);
+  EXPECT_NE(ss.str().find("drop"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("qpn=0x"), std::string::npos) << ss.str();
+}
+
+TEST(FaultTraceNoPlan, NothingSetMeansNoEngine) {
+  std::unique_ptr<FaultEngine> fe;
+  EXPECT_EQ(FaultEngine::from_values(nullptr, nullptr, nullptr, nullptr, &fe), "");
+  EXPECT_EQ(fe, nullptr);
+}
+
+}  // namespace
+}  // namespace rnic::emu::test
