@@ -121,7 +121,6 @@ KeyFigures audit_keys(bool secure) {
   for (auto& m : live) EXPECT_TRUE(dev->dereg_mr(m).is_ok());
   live.clear();
 
-  std::map<uint32_t, uint8_t> last_byte;  // index -> byte of the last key with that index
   std::set<uint32_t> freed(keys.begin(), keys.end());
   std::vector<uint32_t> churn;
   for (int i = 0; i < kN; ++i) {
@@ -131,18 +130,12 @@ KeyFigures audit_keys(bool secure) {
     uint32_t k = (*m)->rkey();
     churn.push_back(k);
     if (freed.count(k)) ++f.stale_reissued;
-    auto it = last_byte.find(k >> 8);
-    if (it != last_byte.end()) {
-      ++f.reuse_same_index;
-      if (it->second == static_cast<uint8_t>(k)) ++f.reuse_same_byte;
-    }
     EXPECT_TRUE(dev->dereg_mr(*m).is_ok());
     freed.insert(k);
   }
-  // last_byte holds the byte of the key issued most recently per index, over both patterns:
-  // rebuild it in issue order to count same-byte reuse correctly.
-  f.reuse_same_index = f.reuse_same_byte = 0;
-  last_byte.clear();
+  // Per index, in issue order over both patterns: was the index reused, and did a reuse ever
+  // get the same key byte as the key issued last for that index?
+  std::map<uint32_t, uint8_t> last_byte;  // index -> byte of the last key with that index
   std::vector<uint32_t> all(keys);
   all.insert(all.end(), churn.begin(), churn.end());
   for (uint32_t k : all) {
