@@ -214,6 +214,45 @@ TEST_F(Hardening, S19_DeregMidReadStopsResponses) {
   EXPECT_TRUE(lbuf.guards_ok());
 }
 
+// Strict source check, fixed port that C does not send from: C's WRITE is dropped at S's
+// address check (drop_src_port, not drop_addr_mismatch), no NAK; C retries and finally fails.
+TEST_F(Hardening, StrictSrcFixedPortMismatchIsCountedDrop) {
+  s.dev->set_strict_src(true, 4792);  // C sends from 4791
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 1024).is_ok());
+  run();
+  EXPECT_EQ(sctr(Ctr::kDropSrcPort), 1u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kDropSrcPort), 1u);
+  EXPECT_EQ(sctr(Ctr::kDropAddr), 0u);
+  EXPECT_EQ(sctr(Ctr::kRdmaRecvs), 0u);
+  EXPECT_EQ(sctr(Ctr::kNakSent), 0u);
+  // Switched off again: the retransmission is accepted.
+  s.dev->set_strict_src(false);
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 1u);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 1024));
+}
+
+// Strict source check, latching: the first packet latches 4791 on S's QP (requests) and on
+// C's QP (its responses, when C is strict too); RESET clears the latch.
+TEST_F(Hardening, StrictSrcLatchSetByFirstPacketClearedByReset) {
+  s.dev->set_strict_src(true);
+  c.dev->set_strict_src(true);
+  EXPECT_EQ(qs->comp_.src_latch.load(), 0u);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 2048).is_ok());
+  run();
+  ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
+  EXPECT_EQ(qs->comp_.src_latch.load(), 0x10000u | wire::kRoceUdpPort);
+  EXPECT_EQ(qc->comp_.src_latch.load(), 0x10000u | wire::kRoceUdpPort);
+  EXPECT_EQ(sctr(Ctr::kDropSrcPort) + cctr(Ctr::kDropSrcPort), 0u);
+  QpAttr a;
+  a.qp_state = QpState::kReset;
+  ASSERT_TRUE(s.dev->modify_qp(qs, a, kQpState).is_ok());
+  EXPECT_EQ(qs->comp_.src_latch.load(), 0u);
+}
+
 // S20: ODP is not implemented; an ON_DEMAND registration is refused (EOPNOTSUPP) instead of
 // silently behaving as a pinned MR, so neither "fault served" nor "just outside" can arise.
 TEST_F(Hardening, S20_OdpRegistrationRefused) {
