@@ -9,7 +9,7 @@ port=${FAULTS_PORT:-19810}
 bw=(ib_write_bw -d softrnic0 -x 0 -F -n 200)
 echo "client plan: $plan"
 start_server srv 40 $port -- "${bw[@]}" || bad "server did not listen"
-start_client cli 30 $port SOFTRNIC_FAULTS="$plan" -- "${bw[@]}"
+start_client cli 30 $port SOFTRNIC_FAULTS="$plan" SOFTRNIC_FAULT_TRACE="$work/trace" -- "${bw[@]}"
 t0=$SECONDS
 sample_stats "$work/st" "$cpid"
 wait "$cpid"; crc=$?
@@ -29,6 +29,10 @@ fi
 grep -Eiq 'status 10|REM_ACCESS' "$work/cli.out" \
   && ok "client reports a remote access error: $(grep -Eim1 'status 10|REM_ACCESS' "$work/cli.out")" \
   || bad "client output does not mention status 10 / REM_ACCESS_ERR"
+# The client's fault trace records the rewrites (written as they fire).
+nrw=$(grep -c 'RC_RDMA_WRITE.*rewrite(rkey' "$work/trace" 2>/dev/null)
+[ "${nrw:-0}" -gt 0 ] && ok "client trace: $nrw WRITE(s) with a rewritten rkey, first: $(head -1 "$work/trace")" \
+  || bad "client trace shows no rkey rewrite"
 for f in "$work"/st.*; do
   [ -f "$f" ] || continue
   echo "stats pid $(basename "$f" | cut -d. -f2): fault_rewritten=$(stat "$f" fault_rewritten)" \
