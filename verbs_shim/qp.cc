@@ -513,25 +513,9 @@ int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   Qp* q = to_qp(qp);
-  constexpr int kBatch = 32;
-  emu::RecvWr buf[kBatch];
-  ibv_recv_wr* src[kBatch];
-  while (wr != nullptr) {
-    int n = 0;
-    for (; wr != nullptr && n < kBatch; wr = wr->next) {
-      buf[n].wr_id = wr->wr_id;
-      buf[n].sg_list = reinterpret_cast<const emu::Sge*>(wr->sg_list);
-      buf[n].num_sge = wr->num_sge;
-      src[n++] = wr;
-    }
-    int b = 0;
-    emu::Status st = q->emu_->post_recv(buf, n, &b);
-    if (!st.is_ok()) {
-      if (bad) *bad = src[b < n ? b : n - 1];
-      return err_of(st);
-    }
-  }
-  return 0;
+  return post_recv_chain(wr, bad, [q](const emu::RecvWr* w, int n, int* b) {
+    return q->emu_->post_recv(w, n, b);
+  });
 }
 
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {

@@ -172,6 +172,33 @@ inline void* null_errno(int e) {
 inline int err_of(emu::Status s) { return s.errno_value(); }
 inline int err_of(emu::Errc e) { return static_cast<int>(e); }
 
+// Posts a chain of ibv_recv_wr to an emu receive queue (a QP's RQ or an SRQ), in batches
+// converted on the stack; `post(const emu::RecvWr*, int n, int* bad)` is the queue's
+// post_recv. WRs before *bad stay posted, as in rdma-core. Sge layouts are identical
+// (static_asserted in emu's types_mirror_test), so SGE arrays pass straight through.
+template <class PostFn>
+int post_recv_chain(ibv_recv_wr* wr, ibv_recv_wr** bad, PostFn&& post) {
+  constexpr int kBatch = 32;
+  emu::RecvWr buf[kBatch];
+  ibv_recv_wr* src[kBatch];
+  while (wr != nullptr) {
+    int n = 0;
+    for (; wr != nullptr && n < kBatch; wr = wr->next) {
+      buf[n].wr_id = wr->wr_id;
+      buf[n].sg_list = reinterpret_cast<const emu::Sge*>(wr->sg_list);
+      buf[n].num_sge = wr->num_sge;
+      src[n++] = wr;
+    }
+    int b = 0;
+    emu::Status st = post(buf, n, &b);
+    if (!st.is_ok()) {
+      if (bad) *bad = src[b < n ? b : n - 1];
+      return err_of(st);
+    }
+  }
+  return 0;
+}
+
 // Conversions between verbs and emu address attributes (ah.cc).
 emu::AhAttr to_emu(const ibv_ah_attr& a);
 void from_emu(const emu::AhAttr& e, ibv_ah_attr* a);
