@@ -528,28 +528,7 @@ Status Qp::post_recv(const RecvWr* wrs, int n, int* bad) {
     return n > 0 ? Status(Errc::kInval) : Status::ok();
   }
   int i = 0;
-  Status result;
-  for (; i < n; ++i) {
-    const RecvWr& wr = wrs[i];
-    if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_recv_sge ||
-        (wr.num_sge > 0 && wr.sg_list == nullptr)) {
-      result = Errc::kInval;
-      break;
-    }
-    if (rq_.full()) {
-      result = Errc::kNoMem;
-      break;
-    }
-    RecvWqe& w = rq_.tail_slot();
-    w.wr_id = wr.wr_id;
-    w.num_sge = static_cast<uint32_t>(wr.num_sge);
-    w.length = 0;
-    for (int k = 0; k < wr.num_sge; ++k) {
-      w.sge[k] = wr.sg_list[k];
-      w.length += wr.sg_list[k].length;
-    }
-    rq_.commit_push();
-  }
+  Status result = push_recv_wrs(rq_, wrs, n, cap_.max_recv_sge, &i);
   if (bad != nullptr) *bad = i;
   if (i > 0) {
     if (st == QpState::kErr) {

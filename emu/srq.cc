@@ -38,26 +38,7 @@ Status Srq::post_recv(const RecvWr* wrs, int n, int* bad) {
   Status st;
   {
     std::lock_guard lk(mu_);
-    for (; i < n; ++i) {
-      const RecvWr& wr = wrs[i];
-      if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > attr_.max_sge) {
-        st = Errc::kInval;
-        break;
-      }
-      if (ring_.full()) {
-        st = Errc::kNoMem;
-        break;
-      }
-      RecvWqe& w = ring_.tail_slot();
-      w.wr_id = wr.wr_id;
-      w.num_sge = static_cast<uint32_t>(wr.num_sge);
-      w.length = 0;
-      for (int k = 0; k < wr.num_sge; ++k) {
-        w.sge[k] = wr.sg_list[k];
-        w.length += wr.sg_list[k].length;
-      }
-      ring_.commit_push();
-    }
+    st = push_recv_wrs(ring_, wrs, n, attr_.max_sge, &i);
   }
   if (bad != nullptr) *bad = i;
   if (i > 0) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "emu/status.h"
 #include "emu/types.h"
 
 namespace rnic::emu {
@@ -188,5 +189,38 @@ class Ring {
   uint32_t head_ = 0;
   uint32_t count_ = 0;
 };
+
+// Appends wrs[0..n) to a receive ring (a QP's RQ or an SRQ), stopping at the first WR
+// that fails: EINVAL for num_sge outside [0, max_sge] or a missing sg_list, ENOMEM when
+// the ring is full. *done = WRs appended (the index of the bad one on failure).
+// REQUIRES: the ring owner's lock; every slot's sge points at max_sge entries.
+inline Status push_recv_wrs(Ring<RecvWqe>& ring, const RecvWr* wrs, int n, uint32_t max_sge,
+                            int* done) {
+  Status result;
+  int i = 0;
+  for (; i < n; ++i) {
+    const RecvWr& wr = wrs[i];
+    if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > max_sge ||
+        (wr.num_sge > 0 && wr.sg_list == nullptr)) {
+      result = Errc::kInval;
+      break;
+    }
+    if (ring.full()) {
+      result = Errc::kNoMem;
+      break;
+    }
+    RecvWqe& w = ring.tail_slot();
+    w.wr_id = wr.wr_id;
+    w.num_sge = static_cast<uint32_t>(wr.num_sge);
+    w.length = 0;
+    for (int k = 0; k < wr.num_sge; ++k) {
+      w.sge[k] = wr.sg_list[k];
+      w.length += wr.sg_list[k].length;
+    }
+    ring.commit_push();
+  }
+  *done = i;
+  return result;
+}
 
 }  // namespace rnic::emu

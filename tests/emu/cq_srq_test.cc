@@ -274,6 +274,10 @@ TEST(Srq, PostAndModifyRules) {
   int bad = -1;
   EXPECT_EQ(srq->post_recv(&too_many, 1, &bad), Errc::kInval);
   EXPECT_EQ(bad, 0);
+  RecvWr no_list{2, nullptr, 1};  // SGEs promised, none given: refused, not dereferenced
+  bad = -1;
+  EXPECT_EQ(srq->post_recv(&no_list, 1, &bad), Errc::kInval);
+  EXPECT_EQ(bad, 0);
   post_srq(srq, 4);
   RecvWr one{9, s, 1};
   EXPECT_EQ(srq->post_recv(&one, 1, &bad), Errc::kNoMem);
