@@ -10,9 +10,12 @@ runs=("send_bw:ib_send_bw -d softrnic0 -x 0 -F -n 200"
       "read_lat:ib_read_lat -d softrnic0 -x 0 -F -n 200")
 for r in "${runs[@]}"; do
   name="${r%%:*}"; read -r -a cmd <<<"${r#*:}"
-  start_server "${name}_srv" 60 $port SOFTRNIC_PCAP="$work/$name-srv.pcap" -- "${cmd[@]}" \
+  # Addresses of our own (not the default first-free 127.0.0.x): a device that reuses an
+  # address another program just left can receive that program's stray retransmissions.
+  net="127.77.$((port % 250))"
+  start_server "${name}_srv" 60 $port SOFTRNIC_IP=$net.1 SOFTRNIC_PCAP="$work/$name-srv.pcap" -- "${cmd[@]}" \
     || bad "$name server did not listen"
-  run_client "${name}_cli" 60 $port SOFTRNIC_PCAP="$work/$name-cli.pcap" -- "${cmd[@]}"
+  run_client "${name}_cli" 60 $port SOFTRNIC_IP=$net.2 SOFTRNIC_PCAP="$work/$name-cli.pcap" -- "${cmd[@]}"
   wait "$spid"; src=$?
   [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && ok "$name ran (client $crc, server $src)" \
     || { bad "$name exit client=$crc server=$src"; show "${name}_srv" "${name}_cli"; }
