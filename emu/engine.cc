@@ -3,6 +3,7 @@
 #include "emu/engine.h"
 
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -94,7 +95,9 @@ Status Engine::init() {
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (timer_fd_ < 0 || event_fd_ < 0 || epoll_fd_ < 0) return static_cast<Errc>(errno);
+  defer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer_fd_ < 0 || event_fd_ < 0 || epoll_fd_ < 0 || defer_fd_ < 0)
+    return static_cast<Errc>(errno);
   auto add = [&](int fd) {
     if (fd < 0) return true;
     epoll_event ev{};
@@ -102,7 +105,7 @@ Status Engine::init() {
     ev.data.fd = fd;
     return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
   };
-  if (!add(port_->wait_fd()) || !add(timer_fd_) || !add(event_fd_))
+  if (!add(port_->wait_fd()) || !add(timer_fd_) || !add(event_fd_) || !add(defer_fd_))
     return static_cast<Errc>(errno);
   rx_mem_.reset(new uint8_t[static_cast<size_t>(kRxBatch) * kRxBufBytes]);
   for (int i = 0; i < kRxBatch; ++i) {
@@ -135,12 +138,15 @@ Engine::~Engine() {
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (timer_fd_ >= 0) close(timer_fd_);
   if (event_fd_ >= 0) close(event_fd_);
+  if (defer_fd_ >= 0) close(defer_fd_);
 }
 
 // ---------------------------------------------------------------- progress thread
 
 void Engine::progress_loop() {
-  epoll_event evs[4];
+  // The busy-poll re-check is a short timer: do not let the default 50 us slack stretch it.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  epoll_event evs[5];
   while (!stopping_.load(std::memory_order_acquire)) {
     // Packets held by the fault layer need a wake-up of their own.
     int timeout_ms = -1;
@@ -153,9 +159,9 @@ void Engine::progress_loop() {
       uint64_t now = wire::monotonic_ns();
       timeout_ms = held <= now ? 0 : static_cast<int>(std::min<uint64_t>((held - now) / 1'000'000 + 1, 1000));
     }
-    int n = epoll_wait(epoll_fd_, evs, 4, timeout_ms);
+    int n = epoll_wait(epoll_fd_, evs, 5, timeout_ms);
     if (n < 0 && errno != EINTR) break;
-    bool rx = false, timer = false;
+    bool rx = false, timer = false, defer = false;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == event_fd_) {
@@ -167,6 +173,11 @@ void Engine::progress_loop() {
         ssize_t r = read(timer_fd_, &v, sizeof(v));
         (void)r;
         timer = true;
+      } else if (fd == defer_fd_) {
+        uint64_t v;
+        ssize_t r = read(defer_fd_, &v, sizeof(v));
+        (void)r;
+        defer = true;
       } else {
         rx = true;
       }
@@ -177,9 +188,36 @@ void Engine::progress_loop() {
       if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
       rx = true;
     }
+    if (defer) {
+      // Still busy-polled: look again later. Else watch the socket again (level-triggered:
+      // anything that arrived meanwhile wakes us at once) and drain it now.
+      const uint64_t last = inline_poll_ns_.load(std::memory_order_acquire);
+      if (wire::monotonic_ns() - last < cfg_.busy_poll_ns) {
+        arm_defer(last + cfg_.busy_poll_ns);
+      } else {
+        watch_rx(true);
+        rx = true;
+      }
+    }
     if (rx) poll_rx(256);
     if (timer) run_timers(wire::monotonic_ns());
   }
+  watch_rx(true);
+}
+
+void Engine::watch_rx(bool on) {
+  if (on) rx_watched_.store(true, std::memory_order_release);
+  epoll_event ev{};
+  ev.events = on ? static_cast<uint32_t>(EPOLLIN) : 0u;
+  ev.data.fd = port_->wait_fd();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, port_->wait_fd(), &ev);
+}
+
+void Engine::arm_defer(uint64_t deadline_ns) {
+  itimerspec its{};
+  its.it_value.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
+  its.it_value.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
+  timerfd_settime(defer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
 }
 
 // ---------------------------------------------------------------- receive
@@ -470,6 +508,20 @@ void Engine::on_destroy(Qp& qp) {
 
 void Engine::on_poll_empty(Cq& cq) {
   (void)cq;
+  if (cfg_.busy_poll_ns != 0 && cfg_.progress_thread && port_->wait_fd() >= 0 &&
+      fault_.load(std::memory_order_relaxed) == nullptr) {
+    const uint64_t now = wire::monotonic_ns();
+    inline_poll_ns_.store(now, std::memory_order_release);
+    // First poll of a busy-poll run: take the socket from the progress thread, which
+    // re-checks busy_poll_ns after the last poll (the timer is armed after the epoll change,
+    // so a racing re-watch is always followed by another check).
+    bool watched = true;
+    if (rx_watched_.load(std::memory_order_relaxed) &&
+        rx_watched_.compare_exchange_strong(watched, false, std::memory_order_acq_rel)) {
+      watch_rx(false);
+      arm_defer(now + cfg_.busy_poll_ns);
+    }
+  }
   try_poll_rx(64);
 }
 
