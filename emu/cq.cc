@@ -80,6 +80,27 @@ size_t CompChannel::pending() const {
   return q_.size();
 }
 
+// ---------------------------------------------------------------- CqEventHold
+
+namespace {
+thread_local CqEventHold* t_event_hold = nullptr;
+}  // namespace
+
+CqEventHold::CqEventHold() : prev_(t_event_hold) { t_event_hold = this; }
+
+CqEventHold::~CqEventHold() {
+  release();
+  t_event_hold = prev_;
+}
+
+void CqEventHold::release() {
+  for (auto& cq : held_) {
+    CompChannel& ch = *cq->channel_;
+    ch.notify(std::move(cq));
+  }
+  held_.clear();
+}
+
 // ---------------------------------------------------------------- Cq
 
 Cq::Cq(Device& dev, uint32_t handle, uint32_t cqe, std::shared_ptr<CompChannel> channel,
@@ -129,7 +150,13 @@ bool Cq::push(const Cqe& e, bool solicited) {
     dev_->async_events().push(std::move(ev));
     return false;
   }
-  if (fire) channel_->notify(std::move(fire));
+  if (fire) {
+    if (t_event_hold != nullptr) {
+      t_event_hold->held_.push_back(std::move(fire));
+    } else {
+      channel_->notify(std::move(fire));
+    }
+  }
   return true;
 }
 

@@ -72,6 +72,26 @@ class CompChannel {
   std::atomic<uint32_t> attached_{0};
 };
 
+// Holds back the completion-channel events that Cq::push raises on this thread while the
+// hold is alive; release() (and the destructor) delivers them in order. The receive path
+// keeps one per batch and releases it after the batch's coalesced ACKs are on the wire, so
+// an application woken by an event cannot send (e.g. its reply) ahead of the ACK the
+// responder owes — the order a NIC gives. Completions themselves stay pollable at once.
+// Holds nest (the innermost collects). Not copyable; must be destroyed on its own thread.
+class CqEventHold {
+ public:
+  CqEventHold();
+  ~CqEventHold();
+  CqEventHold(const CqEventHold&) = delete;
+  CqEventHold& operator=(const CqEventHold&) = delete;
+  void release();
+
+ private:
+  friend class Cq;
+  std::vector<std::shared_ptr<Cq>> held_;
+  CqEventHold* prev_;
+};
+
 // Completion queue. Producers (completer, responder, flush) call push() from any thread;
 // consumers call poll(). All members are thread-safe (an internal mutex; never held while
 // calling out to hooks or other objects' locks except the channel's).
@@ -124,6 +144,7 @@ class Cq : public std::enable_shared_from_this<Cq> {
  private:
   friend class Device;
   friend class CompChannel;
+  friend class CqEventHold;
   void maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire);
   Device* dev_;
   uint32_t handle_;

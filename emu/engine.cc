@@ -13,6 +13,7 @@
 #include <cerrno>
 
 #include "emu/comp.h"
+#include "emu/cq.h"
 #include "emu/fault.h"
 #include "emu/recv.h"
 #include "emu/req.h"
@@ -236,6 +237,9 @@ int Engine::try_poll_rx(int budget) {
 int Engine::drain_locked(int budget) {
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
+  // Completion events raised by this batch fire only once its ACKs have been sent: an app
+  // woken by one (ib_send_lat -e) must not get its reply onto the wire ahead of our ACK.
+  CqEventHold events;
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) drain_fault_rx_locked();
   while (total < budget) {
@@ -255,10 +259,11 @@ int Engine::drain_locked(int budget) {
     if (faults) drain_fault_rx_locked();
     flush_acks_locked();
     flush(*rx_tx_);
+    events.release();
   }
   flush_acks_locked();
   flush(*rx_tx_);
-  return total;
+  return total;  // `events` releases the rest
 }
 
 void Engine::flush_acks_locked() {

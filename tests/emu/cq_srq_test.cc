@@ -1,6 +1,6 @@
 // tests/emu/cq_srq_test.cc: completion queues (ring order, every field, overflow -> CQ error
 // + async CQ_ERR + QP to ERR, resize, arming and solicited-only), completion channels with
-// a pollable eventfd, the async event fd, and SRQs (post, limit event, modify).
+// a pollable eventfd and event holds, the async event fd, and SRQs (post, limit event, modify).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -202,6 +202,47 @@ TEST(CompChannel, SolicitedOnlyArm) {
   EXPECT_TRUE(readable(ch->fd()));
   ASSERT_TRUE(ch->get_event().has_value());
   cq->ack_events(1);
+}
+
+// The receive path holds events until its batch's ACKs are sent (ib_send_lat -e relies on
+// the ACK reaching the peer before the reply it provokes): completions stay pollable at
+// once, events fire in push order at release(), and nothing is lost or duplicated.
+TEST(CompChannel, EventHoldDelaysEventsNotCompletions) {
+  auto dev = open_device();
+  auto ch = *dev->create_comp_channel();
+  auto a = *dev->create_cq(16, ch, 0);
+  auto b = *dev->create_cq(16, ch, 0);
+  ASSERT_TRUE(a->req_notify(false).is_ok());
+  ASSERT_TRUE(b->req_notify(false).is_ok());
+  {
+    CqEventHold hold;
+    ASSERT_TRUE(b->push(make_cqe(1)));
+    ASSERT_TRUE(a->push(make_cqe(2)));
+    EXPECT_FALSE(b->armed());  // the arm is consumed at push, as without a hold
+    EXPECT_FALSE(readable(ch->fd()));
+    EXPECT_EQ(ch->pending(), 0u);
+    Cqe out;
+    ASSERT_EQ(b->poll(&out, 1), 1);
+    EXPECT_EQ(out.wr_id, 1u);
+    hold.release();
+    EXPECT_EQ(ch->pending(), 2u);
+    ASSERT_TRUE(b->req_notify(false).is_ok());
+    ASSERT_TRUE(b->push(make_cqe(3)));  // still held: fires when the hold ends
+    EXPECT_EQ(ch->pending(), 2u);
+  }
+  EXPECT_EQ(ch->pending(), 3u);
+  EXPECT_EQ(*ch->get_event(), b);
+  EXPECT_EQ(*ch->get_event(), a);
+  EXPECT_EQ(*ch->get_event(), b);
+  EXPECT_FALSE(readable(ch->fd()));
+  a->ack_events(1);
+  b->ack_events(2);
+  // Without a hold, push notifies at once again.
+  ASSERT_TRUE(a->req_notify(false).is_ok());
+  ASSERT_TRUE(a->push(make_cqe(4)));
+  EXPECT_TRUE(readable(ch->fd()));
+  ASSERT_TRUE(ch->get_event().has_value());
+  a->ack_events(1);
 }
 
 TEST(AsyncEvents, PortStateEventsOnPollableFd) {
