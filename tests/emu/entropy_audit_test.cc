@@ -211,7 +211,9 @@ TEST(EntropyAudit, S18_CrossDeviceAndSeededReproducibility) {
 }
 
 TEST(EntropyAudit, S18_QpnsRandomAndPsnChosenByTheApplication) {
-  auto dev = open_dev(false);
+  // A fixed seed (same generator as the random-seeded default): with 1999 deltas, a single
+  // repeated delta already reads 9.97 bits, which random seeds produce in ~6% of runs.
+  auto dev = open_dev(false, 0x5318);
   auto pd = *dev->alloc_pd();
   auto cq = *dev->create_cq(16, nullptr, 0);
   std::vector<std::shared_ptr<Qp>> qps;
