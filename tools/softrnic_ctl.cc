@@ -1,4 +1,4 @@
-// softrnic-ctl: talks to a running device's control socket (emu/control.h): fault rules,
+// softrnic-ctl: talks to a running device's control socket (emu/services/control.h): fault rules,
 // counters (once or watched with deltas) and packet capture. Exit status: 0 ok, 1 the device
 // refused the request or could not be reached, 2 usage error.
 #include <signal.h>
@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "emu/control.h"
+#include "emu/services/control.h"
+#include "tools/control_client.h"
 
 namespace {
 
@@ -24,7 +25,7 @@ using rnic::emu::ControlSocketInfo;
 
 constexpr const char* kUsage =
     "usage: softrnic-ctl [--device NAME | --pid PID | --socket PATH] [--runtime-dir DIR] CMD\n"
-    "  fault add 'RULE[; RULE...]'   add fault rules (all or none; see emu/fault_rules.h)\n"
+    "  fault add 'RULE[; RULE...]'   add fault rules (all or none; see emu/fault/fault_rules.h)\n"
     "  fault list                    rules with their fire counts\n"
     "  fault clear                   remove every rule\n"
     "  stats [--qp N] [--watch [--interval S] [--count N]]\n"

@@ -22,7 +22,7 @@ struct Config {
   LogLevel log = LogLevel::kError; // SOFTRNIC_LOG: off|error|warn|info|debug|trace or 0..5
   std::string pcap;                // SOFTRNIC_PCAP: capture file, "%p" -> pid; empty = off
   // Hardening (validated here so a bad value fails the open naming the variable; applied to
-  // the device by emu::DeviceServices from the same variables, see emu/services.h).
+  // the device by emu::DeviceServices from the same variables, see emu/services/services.h).
   bool secure_keys = false;        // SOFTRNIC_SECURE_KEYS: 0|1 -> DeviceConfig::secure_keys
   bool strict_src = false;         // SOFTRNIC_STRICT_SRC: 0|1 -> DeviceConfig::strict_src
   uint16_t strict_src_port = 0;    // SOFTRNIC_STRICT_SRC_PORT: 1..65535 (implies strict_src)

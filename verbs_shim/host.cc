@@ -13,8 +13,8 @@
 #include <cstring>
 #include <string>
 
-#include "emu/engine.h"
-#include "emu/services.h"
+#include "emu/transport/engine.h"
+#include "emu/services/services.h"
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
@@ -115,7 +115,7 @@ int start_device(Host* h) {
     dev->close();
     return rc;
   }
-  // Faults, capture and the control socket (emu/services.h), from SOFTRNIC_FAULTS*,
+  // Faults, capture and the control socket (emu/services/services.h), from SOFTRNIC_FAULTS*,
   // SOFTRNIC_PCAP and SOFTRNIC_CONTROL: a bad value fails the open (EINVAL).
   emu::ServicesOptions so;
   std::string err = emu::ServicesOptions::from_env(&so);
@@ -197,7 +197,7 @@ void host_release(Host* host) {
   if (host->dispatcher_.joinable()) host->dispatcher_.join();
   close(host->stop_fd_);
   // Services go first: they stop the control socket, unhook the port filter, stop the
-  // engine and close the capture (emu/services.h "DESTRUCTION").
+  // engine and close the capture (emu/services/services.h "DESTRUCTION").
   host->services_.reset();
   if (emu::Engine* e = host->dev_->engine()) e->stop();
   host->dev_->close();

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "emu/device.h"
-#include "emu/services.h"
+#include "emu/objects/device.h"
+#include "emu/services/services.h"
 #include "verbs_shim/config.h"
 
 namespace rnic::shim {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "emu/device.h"
+#include "emu/objects/device.h"
 #include "verbs_shim/config.h"
 
 // Marks a function that leaves the library (the version script still decides the node).

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -159,6 +160,36 @@ class PacketFilter {
   virtual ~PacketFilter() = default;
   virtual Verdict on_packet(Direction dir, const Endpoint& src, const Endpoint& dst,
                             std::span<uint8_t> roce, FilterOut& out) = 0;
+};
+
+// Packets a filter holds back (reorder, delay) or synthesizes (injected NAKs, duplicates),
+// which the device must emit after its own port I/O. The fault engine (emu/fault/) is the
+// one implementation; the transport (emu/transport/engine.*) sees only this interface, so
+// fault injection stays a hook the transport calls and the build keeps the layers apart.
+class HeldPacketSource {
+ public:
+  virtual ~HeldPacketSource() = default;
+  // fn(ctx, src, dst, bytes) once per packet ready for direction dir, in order; returns how
+  // many were emitted. kTx: send bytes to dst. kRx: process as if received from src.
+  using EmitFn = void (*)(void* ctx, const Endpoint& src, const Endpoint& dst,
+                          std::span<const uint8_t> bytes);
+  virtual size_t drain(Direction dir, EmitFn fn, void* ctx) = 0;
+  // CLOCK_MONOTONIC ns at which a held packet becomes due, or 0 if none is held.
+  virtual uint64_t next_deadline_ns() const = 0;
+  // Cheap test (no lock): true if anything may be waiting.
+  virtual bool maybe_pending() const = 0;
+
+  // drain() with any callable (not type-erased on the heap).
+  template <typename Fn>
+  size_t drain_with(Direction dir, Fn&& fn) {
+    if (!maybe_pending()) return 0;
+    return drain(
+        dir,
+        [](void* c, const Endpoint& s, const Endpoint& d, std::span<const uint8_t> b) {
+          (*static_cast<std::remove_reference_t<Fn>*>(c))(s, d, b);
+        },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
 };
 
 // ---- Port ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Tests for emu/control (request execution, ControlServer over a real Unix socket, client and
 // socket discovery) and for the softrnic-ctl binary, against a fake ControlTarget whose fault
 // side is a real FaultEngine.
-#include "emu/control.h"
+#include "emu/services/control.h"
+#include "tools/control_client.h"
 
 #include <poll.h>
 #include <sys/socket.h>

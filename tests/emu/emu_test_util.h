@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "emu/device.h"
+#include "emu/objects/device.h"
 
 namespace rnic::emu::testing {
 

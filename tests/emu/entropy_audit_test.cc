@@ -1,6 +1,6 @@
 // tests/emu/entropy_audit_test: S18 of checks-and-faults §6, the rkey/QPN/PSN predictability
 // audit (ReDMArk V1-V6), for the default (rxe-like) and the secure-keys modes. Prints the
-// figures ("S18 ..." lines) and asserts the properties each mode promises (emu/pool.h).
+// figures ("S18 ..." lines) and asserts the properties each mode promises (emu/objects/pool.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,10 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "emu/device.h"
-#include "emu/mr.h"
-#include "emu/qp.h"
-#include "emu/services.h"
+#include "emu/objects/device.h"
+#include "emu/objects/mr.h"
+#include "emu/objects/qp.h"
+#include "emu/services/services.h"
 
 namespace rnic::emu {
 namespace {

@@ -1,6 +1,6 @@
-// Tests for the fault-rule parser (emu/fault_rules.h): good rules parse into the expected
+// Tests for the fault-rule parser (emu/fault/fault_rules.h): good rules parse into the expected
 // fields; each malformed rule yields an error naming the rule text and the column.
-#include "emu/fault_rules.h"
+#include "emu/fault/fault_rules.h"
 
 #include <gtest/gtest.h>
 

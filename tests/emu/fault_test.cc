@@ -1,7 +1,7 @@
-// Tests for the fault engine (emu/fault.h): each action on packets built with wire::build_roce,
+// Tests for the fault engine (emu/fault/fault.h): each action on packets built with wire::build_roce,
 // matching keys, ICRC fix-up, NAK synthesis, reorder release, determinism of decisions and
 // traces, exact probability counts for a fixed seed, env/file loading and a MemPort round trip.
-#include "emu/fault.h"
+#include "emu/fault/fault.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

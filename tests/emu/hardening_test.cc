@@ -10,8 +10,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "emu/fault.h"
-#include "emu/memory.h"
+#include "emu/fault/fault.h"
+#include "emu/objects/memory.h"
 #include "tests/emu/proto_util.h"
 #include "wire/byteorder.h"
 

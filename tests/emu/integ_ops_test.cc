@@ -8,7 +8,7 @@
 #include <atomic>
 #include <tuple>
 
-#include "emu/mw.h"
+#include "emu/objects/mw.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {

@@ -1,6 +1,6 @@
 // tests/emu/no_verbs_headers_test.cc: the build check that emu/ (and wire/) never include
 // rdma-core's verbs headers (<infiniband/...>, <rdma/...>): every source file is scanned
-// for such #include lines. emu keeps its own mirrored types (emu/types.h).
+// for such #include lines. emu keeps its own mirrored types (emu/objects/types.h).
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "emu/memory.h"
+#include "emu/objects/memory.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace rnic::emu {

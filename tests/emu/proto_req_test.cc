@@ -3,7 +3,7 @@
 // and responses; timers are fired by hand (Engine::run_timers) so nothing depends on time.
 #include <gtest/gtest.h>
 
-#include "emu/req.h"
+#include "emu/transport/req.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {

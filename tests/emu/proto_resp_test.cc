@@ -3,7 +3,7 @@
 // checks every packet the device answers with, its completions, counters and memory.
 #include <gtest/gtest.h>
 
-#include "emu/mw.h"
+#include "emu/objects/mw.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {

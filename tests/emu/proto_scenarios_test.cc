@@ -9,8 +9,8 @@
 #include <functional>
 #include <mutex>
 
-#include "emu/mw.h"
-#include "emu/req.h"
+#include "emu/objects/mw.h"
+#include "emu/transport/req.h"
 #include "tests/emu/proto_util.h"
 #include "wire/byteorder.h"
 

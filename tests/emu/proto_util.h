@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "emu/comp.h"
-#include "emu/device.h"
-#include "emu/engine.h"
+#include "emu/transport/comp.h"
+#include "emu/objects/device.h"
+#include "emu/transport/engine.h"
 #include "wire/mem_port.h"
 #include "wire/packet.h"
 #include "wire/psn.h"

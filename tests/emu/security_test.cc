@@ -10,7 +10,7 @@
 #include <functional>
 #include <thread>
 
-#include "emu/services.h"
+#include "emu/services/services.h"
 #include "tests/emu/proto_util.h"
 #include "wire/packet.h"
 #include "wire/udp_port.h"

@@ -2,7 +2,7 @@
 // hand): SOFTRNIC_PCAP capture decodes (PcapReader + ICRC on every frame, tshark if present),
 // faults added through the control socket change traffic, stats, runtime capture start/stop,
 // filter install/removal, and the error paths (bad plan, bad SOFTRNIC_CONTROL, required socket).
-#include "emu/services.h"
+#include "emu/services/services.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,7 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "emu/control.h"
+#include "emu/services/control.h"
+#include "tools/control_client.h"
 #include "tests/emu/proto_util.h"
 #include "wire/icrc.h"
 #include "wire/pcap.h"

@@ -1,4 +1,4 @@
-// tests/emu/types_mirror_test.cc: the numeric-mirroring guarantee of emu/types.h. This test
+// tests/emu/types_mirror_test.cc: the numeric-mirroring guarantee of emu/objects/types.h. This test
 // (not emu/) includes rdma-core's <infiniband/verbs.h> and checks every mirrored value at
 // compile time, and the Sge layout the shim may reinterpret_cast.
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 
 #include <cstddef>
 
-#include "emu/types.h"
-#include "emu/wqe.h"
+#include "emu/objects/types.h"
+#include "emu/objects/wqe.h"
 
 namespace rnic::emu {
 namespace {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include "emu/services.h"
+#include "emu/services/services.h"
 #include "tests/emu/proto_util.h"
 
 namespace rnic::emu::test {

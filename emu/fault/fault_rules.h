@@ -1,0 +1,173 @@
+// Fault-rule language: the parsed form of one rule (match keys -> actions) and the parser
+// for rules and plans (SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE). Control path only: parsing
+// allocates; the engine (emu/fault/fault.h) evaluates the parsed rules per packet without allocating.
+//
+// Grammar (one rule; a plan is rules separated by ';' or newlines, '#' comments to end of line):
+//   rule    := [ "rule" NAME ] { match } "=>" action { "," action }
+//   match   := KEY "=" VALUE | "once"
+//   KEY     := name | dir | qpn | op | class | psn | nth | every | pkt | iter | p | prob
+//            | len | src | dst | max
+//     dir=tx|rx|any          direction as seen by this device's port
+//     qpn=N | N..M           BTH destination QP (decimal or 0x hex)
+//     op=PAT{|PAT}           opcode name glob, '*' wildcard, case-insensitive, matched against the
+//                            full name (RC_RDMA_WRITE_ONLY) and without the RC_/UC_/UD_ prefix
+//                            (RDMA_WRITE_*), or a number (0x0a)
+//     class=C{|C}            send write read_req read_resp atomic atomic_ack atomic_write flush
+//                            ack (positive ACK only) nak rnr_nak cnp req resp
+//     psn=N | N..M           absolute PSN range
+//     psn=+K | +K..+M        relative to the first PSN this rule saw on the (dir, qpn) flow
+//     nth=N | N..M           1-based count among packets that passed the keys above
+//     every=K                every K-th such packet (K, 2K, ...)
+//     pkt=N | N..M           1-based index of the packet among all packets the engine saw
+//     iter=N | N..M          transmission number of this (dir, qpn, psn): 1 = first, 2 = first
+//                            retransmission, ... (tracked by the rule, window of 256 PSNs)
+//     p=F | prob=F           probability 0..1 or "N%", drawn from the rule's seeded stream
+//     len=N | N..M           payload bytes (pad excluded)
+//     src=IP[:PORT] dst=...  endpoints ([v6]:port for IPv6 with a port)
+//     max=N, once            fire at most N times (once = max=1)
+//   action  := drop | dup[(N)] | duplicate[(N)] | delay(T) | reorder[(K[, max=T])]
+//            | corrupt(payload|icrc|hdr [, bits=N] [, off=O] [, fix])
+//            | rewrite(FIELD OP VALUE [, fix|nofix])     OP: = += -= ^=   VALUE: N | random
+//            | truncate(N) | nak(CODE [, qpn=N] [, psn=N] [, msn=N] [, keep])
+//            | rnr(TIMER [, qpn=N] [, psn=N] [, msn=N] [, keep]) | blackhole[(T)]
+//     T: N[us|ms|s] (bare number = µs); blackhole without T (or "inf") lasts forever.
+//     CODE: psn_seq inv_req rem_access rem_op inv_rd or 0..31.  TIMER: 0..31 (IB RNR code).
+//     FIELD: opcode se mig pad tver pkey fecn becn qpn ackreq psn (bth.* also accepted)
+//            reth.va reth.rkey reth.len (dma_len) aeth.syndrome (syndrome) aeth.msn (msn)
+//            atomic.va atomic.rkey atomic.swap atomic.compare atomicack.orig (orig)
+//            deth.qkey (qkey) deth.srcqp (src_qp) imm ieth.rkey (inv_rkey)
+//            rkey / va: RETH's if present, else AtomicETH's.
+//   Semantics: nth/every count packets that reached the rule and passed its other static keys
+//   (evaluation stops at the first rule that returns a verdict, so later rules do not see that
+//   packet). dup(N) sends N extra copies. reorder(K) holds the packet in the engine until K more
+//   packets of the same direction and QPN have passed (or max=T, default 1ms, 0 = no limit),
+//   then releases it through FaultEngine::drain(). blackhole(T) drops the triggering packet
+//   and, for T, every packet the rule's static keys match. nak/rnr synthesize an ACKNOWLEDGE
+//   toward the sender (QPN from qpn= or the engine's resolver) and drop the original unless
+//   keep. A rule matches only packets that carry the headers its actions touch.
+//   Terminal actions (drop, reorder, blackhole, nak/rnr without keep) must come last; dup and
+//   delay exclude each other and the terminal ones. Defaults: rewrite fixes the ICRC, corrupt
+//   does not (add "fix" / "nofix").
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "wire/port.h"
+
+namespace rnic::emu {
+
+enum class FaultActionKind : uint8_t {
+  kDrop,
+  kDuplicate,
+  kDelay,
+  kReorder,
+  kCorrupt,
+  kRewrite,
+  kTruncate,
+  kNak,  // NAK or RNR NAK (syndrome decides)
+  kBlackhole,
+};
+const char* fault_action_name(FaultActionKind k);
+
+enum class CorruptTarget : uint8_t { kPayload, kIcrc, kHeader };
+
+enum class FaultField : uint8_t {
+  kOpcode, kSe, kMig, kPad, kTver, kPkey, kFecn, kBecn, kQpn, kAckReq, kPsn,
+  kRethVa, kRethRkey, kRethLen, kAethSyndrome, kAethMsn,
+  kAtomicVa, kAtomicRkey, kAtomicSwap, kAtomicCompare, kAtomicAckOrig,
+  kDethQkey, kDethSrcQp, kImm, kIethRkey,
+  kRkey,  // RETH or AtomicETH R_Key
+  kVa,    // RETH or AtomicETH VA
+};
+const char* fault_field_name(FaultField f);
+
+enum class RewriteOp : uint8_t { kSet, kAdd, kSub, kXor, kRandom };
+
+struct FaultAction {
+  FaultActionKind kind = FaultActionKind::kDrop;
+  uint32_t count = 1;      // dup: extra copies; reorder: K; corrupt: bits; truncate: bytes
+  uint64_t time_us = 0;    // delay; reorder: max hold (0 = none); blackhole: 0 = forever
+  CorruptTarget target = CorruptTarget::kPayload;
+  int32_t offset = -1;     // corrupt: byte offset inside the target, -1 = random
+  bool fix_icrc = false;   // recompute the ICRC after corrupt / rewrite
+  FaultField field = FaultField::kPsn;
+  RewriteOp op = RewriteOp::kSet;
+  uint64_t value = 0;
+  uint8_t syndrome = 0;    // nak / rnr: the AETH syndrome to send
+  bool has_qpn = false;    // nak: explicit destination QPN for the synthesized packet
+  uint32_t qpn = 0;
+  bool has_psn = false;    // nak: explicit PSN (default: the matched packet's PSN)
+  uint32_t psn = 0;
+  uint32_t msn = 0;
+  bool keep = false;       // nak: also let the original through
+  std::string text;        // the action as written (for traces and list)
+
+  // True if the action decides the packet's fate (ends rule evaluation).
+  bool terminal() const;
+};
+
+struct U64Range {
+  uint64_t lo = 0;
+  uint64_t hi = UINT64_MAX;
+  bool contains(uint64_t v) const { return v >= lo && v <= hi; }
+};
+
+// AETH type filter bits for RC_ACKNOWLEDGE packets.
+inline constexpr uint8_t kAethAck = 1, kAethRnr = 2, kAethNak = 4, kAethAll = 7;
+
+struct EndpointMatch {
+  wire::Endpoint ep;
+  bool any_port = true;
+  bool matches(const wire::Endpoint& e) const {
+    return e.same_ip(ep) && (any_port || e.port == ep.port);
+  }
+};
+
+struct FaultRule {
+  std::string name;   // from "rule NAME" / name=; empty if unnamed
+  std::string text;   // the rule as written (trimmed)
+  std::string actions_text;  // the actions as written, comma-joined
+  uint8_t dirs = 3;   // bit 0 tx, bit 1 rx
+  std::array<uint64_t, 4> opcodes{~0ull, ~0ull, ~0ull, ~0ull};  // 256-bit set
+  uint8_t aeth_types = kAethAll;  // applies to RC_ACKNOWLEDGE only
+  std::optional<U64Range> qpn, psn, nth, pkt, iter, len;
+  bool psn_relative = false;
+  uint64_t every = 0;
+  double prob = 1.0;
+  uint64_t prob_threshold = UINT64_MAX;  // draw < threshold fires (prob < 1 only)
+  bool use_prob = false;
+  std::optional<EndpointMatch> src, dst;
+  uint64_t max_fires = UINT64_MAX;
+  uint32_t require_all = 0;   // header mask bits every matched packet must carry
+  uint32_t require_any = 0;   // ... at least one of these (0 = none required)
+  bool require_payload = false;
+  std::vector<FaultAction> actions;
+
+  bool has_opcode(uint8_t op) const { return (opcodes[op >> 6] >> (op & 63)) & 1; }
+  // Label for traces and listings: the name, or the rule text if unnamed.
+  const std::string& label() const { return name.empty() ? text : name; }
+  // True if the rule keeps per-flow state (relative PSN or iter).
+  bool needs_flows() const { return psn_relative || iter.has_value(); }
+};
+
+// Parses one rule. Returns "" on success, else an error naming the rule text and the column
+// (1-based, in the trimmed rule text): `fault rule "TEXT": column C: MESSAGE`.
+std::string parse_fault_rule(std::string_view text, FaultRule* out);
+
+// Parses a plan: rules separated by ';' or newlines; '#' starts a comment to the end of the
+// line; blank rules are skipped. A statement "seed=N" (or "seed N") sets *seed if non-null.
+// `origin` prefixes errors (e.g. "SOFTRNIC_FAULTS" or "faults.txt"); errors name the rule
+// number (1-based among non-blank rules), and for multi-line text the line.
+// All-or-nothing: on error *out is left unchanged.
+std::string parse_fault_plan(std::string_view text, std::string_view origin,
+                             std::vector<FaultRule>* out, std::optional<uint64_t>* seed = nullptr);
+
+// Number parsers shared with the engine's configuration (decimal or 0x hex). False on junk.
+bool parse_fault_u64(std::string_view s, uint64_t* v);
+
+}  // namespace rnic::emu

@@ -1,0 +1,34 @@
+// emu/objects/counters.cc: counter names and snapshot/reset helpers.
+#include "emu/objects/counters.h"
+
+namespace rnic::emu {
+
+namespace {
+constexpr std::array<std::string_view, kNumCtrs> kNames = {
+    "sent_pkts",          "rcvd_pkts",          "duplicate_request",  "out_of_seq_request",
+    "rcvd_rnr_err",       "send_rnr_err",       "rcvd_seq_err",       "ack_deferred",
+    "retry_exceeded_err", "rnr_nak_retry_err",  "completer_retry_err", "send_err",
+    "link_downed",        "rdma_sends",         "rdma_recvs",         "local_ack_timeout_err",
+    "icrc_err",           "drop_unknown_qpn",   "drop_bad_state",     "drop_addr_mismatch",
+    "drop_malformed",     "bad_pkey_cntr",      "qkey_viol_cntr",     "naks_sent",
+    "naks_rcvd",          "rem_access_nak_sent", "rem_access_nak_rcvd", "retrans_pkts",
+    "uc_dropped",         "ud_dropped",         "drop_src_port",
+};
+}  // namespace
+
+std::string_view counter_name(Ctr c) {
+  auto i = static_cast<size_t>(c);
+  return i < kNames.size() ? kNames[i] : std::string_view("unknown");
+}
+
+std::array<uint64_t, kNumCtrs> Counters::snapshot() const {
+  std::array<uint64_t, kNumCtrs> out{};
+  for (size_t i = 0; i < kNumCtrs; ++i) out[i] = v_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+void Counters::reset() {
+  for (auto& a : v_) a.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace rnic::emu

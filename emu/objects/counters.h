@@ -1,0 +1,75 @@
+// emu/objects/counters.h: transport counters kept per device and per QP, named like rxe's hardware
+// counters (rxe_hw_counters.c) plus softrnic's own (icrc_err, drop reasons, NAKs by kind).
+// Every counter is a relaxed atomic: bump from any thread, read a (possibly torn) snapshot.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace rnic::emu {
+
+// One index per counter. The names (counter_name()) are what the CLI and tests print.
+enum class Ctr : uint8_t {
+  kSentPkts,            // sent_pkts: RoCE packets handed to the port
+  kRcvdPkts,            // rcvd_pkts: packets that passed ingress checks
+  kDuplicateRequest,    // duplicate_request: responder saw a PSN behind ePSN
+  kOutOfSeqRequest,     // out_of_seq_request: responder saw a PSN ahead of ePSN (once per pkt)
+  kRcvdRnrErr,          // rcvd_rnr_err: requester received an RNR NAK
+  kSendRnrErr,          // send_rnr_err: responder sent an RNR NAK
+  kRcvdSeqErr,          // rcvd_seq_err: requester received a PSN-sequence NAK
+  kAckDeferred,         // ack_deferred: ACK coalesced (request without AckReq, no ACK sent)
+  kRetryExceededErr,    // retry_exceeded_err: retry_cnt exhausted -> RETRY_EXC_ERR
+  kRnrNakRetryErr,      // rnr_nak_retry_err: rnr_retry exhausted -> RNR_RETRY_EXC_ERR
+  kCompleterRetryErr,   // completer_retry_err: go-back-N retries started by the completer
+  kSendErr,             // send_err: the port refused a packet
+  kLinkDowned,          // link_downed (always 0 here; kept for name parity)
+  kRdmaSends,           // rdma_sends: RDMA WRITE/READ/atomic request messages started
+  kRdmaRecvs,           // rdma_recvs: RDMA WRITE/READ/atomic request messages executed
+  kLocalAckTimeoutErr,  // local_ack_timeout_err: retransmit timer expiries
+  kIcrcErr,             // icrc_err (ours): ICRC mismatch, dropped before any state change
+  kDropUnknownQpn,      // drop_unknown_qpn (ours)
+  kDropBadState,        // drop_bad_state (ours): QP type/state refuses the packet
+  kDropAddr,            // drop_addr_mismatch (ours): RC/UC source/destination IP check
+  kDropMalformed,       // drop_malformed (ours): parse error other than ICRC
+  kBadPkeyCntr,         // bad_pkey_cntr
+  kQkeyViolCntr,        // qkey_viol_cntr
+  kNakSent,             // naks_sent (ours): NAKs other than RNR
+  kNakRcvd,             // naks_rcvd (ours): NAKs other than RNR / PSN sequence
+  kRemAccessNakSent,    // rem_access_nak_sent (ours)
+  kRemAccessNakRcvd,    // rem_access_nak_rcvd (ours)
+  kRetransPkts,         // retrans_pkts (ours): request packets sent again (go-back-N after a
+                        // NAK or lost response, and timeout retransmits); counted by req
+  kUcDropped,           // uc_dropped (ours): UC packets dropped (gap, bad rkey, no WQE)
+  kUdDropped,           // ud_dropped (ours): UD packets dropped (no WQE, too long)
+  kDropSrcPort,         // drop_src_port (ours): strict source check refused the UDP port
+  kCount,
+};
+inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);
+
+// "sent_pkts", "rcvd_pkts", ... (stable names; never nullptr).
+std::string_view counter_name(Ctr c);
+
+// A block of counters. Increment from any thread.
+class Counters {
+ public:
+  void add(Ctr c, uint64_t n = 1) { v_[idx(c)].fetch_add(n, std::memory_order_relaxed); }
+  uint64_t get(Ctr c) const { return v_[idx(c)].load(std::memory_order_relaxed); }
+  // Reads every counter (relaxed; not one atomic snapshot).
+  std::array<uint64_t, kNumCtrs> snapshot() const;
+  void reset();
+
+ private:
+  static constexpr size_t idx(Ctr c) { return static_cast<size_t>(c); }
+  std::array<std::atomic<uint64_t>, kNumCtrs> v_{};
+};
+
+// Bumps a per-QP counter block and its device's block together.
+inline void bump(Counters& qp, Counters& dev, Ctr c, uint64_t n = 1) {
+  qp.add(c, n);
+  dev.add(c, n);
+}
+
+}  // namespace rnic::emu

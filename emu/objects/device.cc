@@ -1,0 +1,615 @@
+// emu/objects/device.cc: Device — configuration, attributes, port and GID table, and the
+// control-path verbs creating and destroying every object.
+#include "emu/objects/device.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+
+namespace rnic::emu {
+
+namespace {
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t seed_or_random(uint64_t seed, uint64_t salt) {
+  if (seed != 0) return seed ^ salt;
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
+KeyTable::Options key_options(const DeviceConfig& cfg) {
+  KeyTable::Options o;
+  o.secure = cfg.secure_keys;
+  o.max_mr = cfg.max_mr != 0 ? cfg.max_mr : kMaxMr;
+  o.max_mw = kMaxMw;
+  o.seed = cfg.key_seed;
+  return o;
+}
+
+}  // namespace
+
+Mtu active_mtu_for_netdev(uint32_t netdev_mtu) {
+  uint32_t room = netdev_mtu > kRoceHeaderOverhead ? netdev_mtu - kRoceHeaderOverhead : 0;
+  if (room >= 4096) return Mtu::k4096;
+  if (room >= 2048) return Mtu::k2048;
+  if (room >= 1024) return Mtu::k1024;
+  if (room >= 512) return Mtu::k512;
+  return Mtu::k256;
+}
+
+Result<uint32_t> interface_mtu_for(const std::string& ipv4) {
+  in_addr want{};
+  if (inet_pton(AF_INET, ipv4.c_str(), &want) != 1) return Errc::kInval;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Errc::kNoDev;
+  std::string exact, subnet;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    uint32_t a = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    uint32_t m = i->ifa_netmask != nullptr
+                     ? reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr.s_addr
+                     : 0xFFFFFFFFu;
+    if (a == want.s_addr && exact.empty()) exact = i->ifa_name;
+    if ((a & m) == (want.s_addr & m) && subnet.empty()) subnet = i->ifa_name;
+  }
+  freeifaddrs(list);
+  std::string ifname = !exact.empty() ? exact : subnet;
+  if (ifname.empty()) return Errc::kNoDev;
+  // sysfs first (no socket needed); else the SIOCGIFMTU ioctl on a throwaway socket.
+  std::ifstream f("/sys/class/net/" + ifname + "/mtu");
+  uint32_t mtu = 0;
+  if (f >> mtu && mtu != 0) return mtu;
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return Errc::kNoDev;
+  ifreq ifr{};
+  std::snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname.c_str());
+  int rc = ::ioctl(s, SIOCGIFMTU, &ifr);
+  ::close(s);
+  if (rc != 0 || ifr.ifr_mtu <= 0) return Errc::kNoDev;
+  return static_cast<uint32_t>(ifr.ifr_mtu);
+}
+
+uint64_t Device::now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// ---------------------------------------------------------------- open / close
+
+Device::Device(const DeviceConfig& cfg)
+    : cfg_(cfg),
+      mem_(std::make_shared<DirectMemAccess>()),
+      keys_(key_options(cfg)),
+      pds_(1, 0xFFFFFF, kMaxPd, seed_or_random(cfg.key_seed, 1)),
+      ahs_(1, 0xFFFFFF, kMaxAh, seed_or_random(cfg.key_seed, 2)),
+      cqs_(1, 0xFFFFFF, kMaxCq, seed_or_random(cfg.key_seed, 3)),
+      srqs_(1, 0xFFFFFF, kMaxSrq, seed_or_random(cfg.key_seed, 4)),
+      qps_(0x11, 0xFFFFFE, cfg.max_qp != 0 ? cfg.max_qp : kMaxQp,
+           seed_or_random(cfg.key_seed, 5)),
+      mws_(1, 0xFFFFFF, kMaxMw, seed_or_random(cfg.key_seed, 6)),
+      mrs_(1, 0xFFFFFF, cfg.max_mr != 0 ? cfg.max_mr : kMaxMr,
+           seed_or_random(cfg.key_seed, 7)) {
+  set_strict_src(cfg.strict_src, cfg.strict_src_port);
+}
+
+void Device::set_strict_src(bool on, uint16_t port) {
+  uint32_t m = !on ? 0u : port != 0 ? (kStrictFixed | port) : kStrictLatch;
+  strict_src_.store(m, std::memory_order_relaxed);
+}
+
+Status Device::set_secure_keys(bool on) {
+  if (keys_.secure() == on) return Status::ok();
+  if (!keys_.set_secure(on)) return Errc::kBusy;
+  cfg_.secure_keys = on;
+  return Status::ok();
+}
+
+Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
+  if (cfg.name.empty() || cfg.name.size() >= 64) return Errc::kInval;
+  in_addr a{};
+  if (inet_pton(AF_INET, cfg.ip.c_str(), &a) != 1) return Errc::kInval;
+  uint32_t netdev_mtu = cfg.netdev_mtu;
+  if (netdev_mtu == 0) {
+    Result<uint32_t> m = interface_mtu_for(cfg.ip);
+    if (!m) return m.error();
+    netdev_mtu = *m;
+  }
+  Mtu active = active_mtu_for_netdev(netdev_mtu);
+  if (cfg.active_mtu != 0) {
+    switch (cfg.active_mtu) {
+      case 256: active = Mtu::k256; break;
+      case 512: active = Mtu::k512; break;
+      case 1024: active = Mtu::k1024; break;
+      case 2048: active = Mtu::k2048; break;
+      case 4096: active = Mtu::k4096; break;
+      default: return Errc::kInval;
+    }
+  }
+  std::shared_ptr<Device> d(new Device(cfg));
+  d->ipv4_ = ntohl(a.s_addr);
+
+  // Node GUID: stable for a (name, IP) pair; EUI-64 shaped with the locally administered
+  // bit set and the group bit clear, so it can never equal a real NIC's burned-in GUID.
+  uint64_t h = fnv1a64(cfg.name.data(), cfg.name.size());
+  h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
+  uint64_t guid = (h & ~(uint64_t{0xFF} << 56)) |
+                  (uint64_t((((h >> 56) & 0xFF) | 0x02) & ~0x01u) << 56);
+
+  DeviceAttr& at = d->attr_;
+  at.fw_ver = kFwVer;
+  at.node_guid = guid;
+  at.sys_image_guid = guid;
+  at.max_mr_size = kMaxMrSize;
+  at.page_size_cap = kPageSizeCap;
+  at.vendor_id = kVendorId;
+  at.vendor_part_id = kVendorPartId;
+  at.hw_ver = kHwVer;
+  at.max_qp = static_cast<int>(cfg.max_qp != 0 ? cfg.max_qp : kMaxQp);
+  at.max_qp_wr = kMaxQpWr;
+  at.device_cap_flags = kDevCapBadPkeyCntr | kDevCapBadQkeyCntr | kDevCapAutoPathMig |
+                        kDevCapChangePhyPort | kDevCapUdAvPortEnforce |
+                        kDevCapPortActiveEvent | kDevCapSysImageGuid | kDevCapRcRnrNakGen |
+                        kDevCapSrqResize | kDevCapMemWindow | kDevCapMemWindowType2B;
+  at.max_sge = kMaxSge;
+  at.max_sge_rd = kMaxSgeRd;
+  at.max_cq = kMaxCq;
+  at.max_cqe = kMaxCqe;
+  at.max_mr = static_cast<int>(cfg.max_mr != 0 ? cfg.max_mr : kMaxMr);
+  at.max_pd = kMaxPd;
+  at.max_qp_rd_atom = kMaxQpRdAtom;
+  at.max_res_rd_atom = kMaxResRdAtom;
+  at.max_qp_init_rd_atom = kMaxQpInitRdAtom;
+  at.atomic_cap = AtomicCap::kHca;
+  at.max_mw = kMaxMw;
+  at.max_mcast_grp = kMaxMcastGrp;
+  at.max_mcast_qp_attach = kMaxMcastQpAttach;
+  at.max_total_mcast_qp_attach = kMaxTotalMcastQpAttach;
+  at.max_ah = kMaxAh;
+  at.max_srq = kMaxSrq;
+  at.max_srq_wr = kMaxSrqWr;
+  at.max_srq_sge = kMaxSrqSge;
+  at.max_pkeys = kMaxPkeys;
+  at.local_ca_ack_delay = kLocalCaAckDelay;
+  at.phys_port_cnt = kNumPorts;
+  at.max_inline_data = kMaxInlineData;
+  at.num_comp_vectors = kMaxCompVectors;
+
+  PortAttr& p = d->port_;
+  p.state = PortState::kActive;
+  p.max_mtu = Mtu::k4096;
+  p.active_mtu = active;
+  p.gid_tbl_len = kGidTableLen;
+  p.port_cap_flags = kPortCapFlags;
+  p.max_msg_sz = kPortMaxMsgSz;
+  p.pkey_tbl_len = kPkeyTableLen;
+  p.max_vl_num = 1;
+  p.active_width = 1;   // 1X
+  p.active_speed = 32;  // EDR (25 Gb/s per lane): the order of loopback UDP throughput
+  p.phys_state = 5;     // LinkUp
+  p.link_layer = kLinkLayerEthernet;
+
+  // GID index 0: IPv4-mapped ::ffff:a.b.c.d, RoCE v2.
+  d->gid0_.raw.fill(0);
+  d->gid0_.raw[10] = d->gid0_.raw[11] = 0xFF;
+  std::memcpy(&d->gid0_.raw[12], &a.s_addr, 4);
+  d->gid0_.type = GidType::kRoceV2;
+  return d;
+}
+
+Device::~Device() { close(); }
+
+void Device::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& qp : qps_.snapshot()) (void)destroy_qp(qp);
+  for (auto& cq : cqs_.snapshot())
+    if (cq->channel_) cq->channel_->forget(cq.get());
+  srqs_.clear();
+  cqs_.clear();
+  mws_.clear();
+  keys_.clear();
+  mrs_.clear();
+  ahs_.clear();
+  pds_.clear();
+  {
+    std::lock_guard lk(chan_mu_);
+    channels_.clear();
+  }
+  AsyncEvent ev;
+  while (events_.try_get(&ev)) {
+  }
+  engine_.reset();
+}
+
+// ---------------------------------------------------------------- attributes
+
+Result<PortAttr> Device::query_port(uint8_t port_num) const {
+  if (port_num != 1) return Errc::kInval;
+  PortAttr p = port_;
+  p.state = port_state_.load();
+  p.phys_state = p.state == PortState::kActive ? 5 : 3;  // LinkUp / Disabled
+  p.bad_pkey_cntr = bad_pkey_cntr_.load(std::memory_order_relaxed);
+  p.qkey_viol_cntr = qkey_viol_cntr_.load(std::memory_order_relaxed);
+  return p;
+}
+
+Result<GidEntry> Device::query_gid(uint8_t port_num, int index) const {
+  if (port_num != 1 || index < 0 || index >= static_cast<int>(kGidTableLen))
+    return Errc::kInval;
+  return gid0_;
+}
+
+Result<uint16_t> Device::query_pkey(uint8_t port_num, int index) const {
+  if (port_num != 1 || index < 0 || index >= kPkeyTableLen) return Errc::kInval;
+  return kDefaultPkey;
+}
+
+void Device::set_port_state(PortState s) {
+  PortState old = port_state_.exchange(s);
+  if (old == s) return;
+  AsyncEvent ev;
+  ev.port_num = 1;
+  if (s == PortState::kActive) {
+    ev.type = EventType::kPortActive;
+    events_.push(std::move(ev));
+  } else if (old == PortState::kActive) {
+    ev.type = EventType::kPortErr;
+    events_.push(std::move(ev));
+  }
+}
+
+// ---------------------------------------------------------------- PD
+
+Result<std::shared_ptr<Pd>> Device::alloc_pd() {
+  auto pd = std::make_shared<Pd>(*this, 0);
+  Result<uint32_t> h = pds_.insert_next(pd);
+  if (!h) return h.error();
+  pd->handle_ = *h;
+  return pd;
+}
+
+Status Device::dealloc_pd(const std::shared_ptr<Pd>& pd) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (pd->users() != 0) return Errc::kBusy;
+  if (!pds_.erase(pd->handle())) return Errc::kInval;
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- AH
+
+Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
+  (void)dev;
+  if (!a.is_global) return Errc::kInval;  // RoCE has no LIDs: a GRH is mandatory
+  if (a.port_num != 1) return Errc::kInval;
+  if (a.grh.sgid_index >= kGidTableLen) return Errc::kInval;
+  if (a.grh.flow_label >= (1u << 20)) return Errc::kInval;
+  static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+  if (std::memcmp(a.grh.dgid, kMappedPrefix, 12) != 0) return Errc::kInval;  // IPv4 only
+  Av av;
+  std::memcpy(av.dgid, a.grh.dgid, 16);
+  av.flow_label = a.grh.flow_label;
+  av.sgid_index = a.grh.sgid_index;
+  av.hop_limit = a.grh.hop_limit;
+  av.traffic_class = a.grh.traffic_class;
+  av.sl = a.sl;
+  av.port_num = a.port_num;
+  av.ipv4 = true;
+  av.dest_ipv4 = (uint32_t{a.grh.dgid[12]} << 24) | (uint32_t{a.grh.dgid[13]} << 16) |
+                 (uint32_t{a.grh.dgid[14]} << 8) | a.grh.dgid[15];
+  return av;
+}
+
+Result<std::shared_ptr<Ah>> Device::create_ah(const std::shared_ptr<Pd>& pd,
+                                              const AhAttr& attr) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  Result<Av> av = resolve_ah_attr(*this, attr);
+  if (!av) return av.error();
+  auto ah = std::make_shared<Ah>(*this, 0, pd, attr, *av);
+  Result<uint32_t> h = ahs_.insert_next(ah);
+  if (!h) return h.error();
+  ah->handle_ = *h;
+  pd->add_user();
+  return ah;
+}
+
+Status Device::destroy_ah(const std::shared_ptr<Ah>& ah) {
+  if (!ah || !ahs_.erase(ah->handle())) return Errc::kInval;
+  ah->pd()->drop_user();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- MR
+
+Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
+                                           uint64_t length, uint64_t iova, uint32_t access) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (length == 0) return Errc::kInval;
+  if (addr + length < addr || iova + length < iova) return Errc::kInval;  // wraps
+  if (Status st = check_mr_access(access); !st) return st;
+  auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange);
+  Result<uint32_t> h = mrs_.insert_next(mr);
+  if (!h) return h.error();
+  mr->handle_ = *h;
+  Result<uint32_t> key = keys_.add_mr(mr);
+  if (!key) {
+    mrs_.erase(*h);
+    return key.error();
+  }
+  mr->key_.store(*key, std::memory_order_release);
+  pd->add_user();
+  return mr;
+}
+
+Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
+                        const std::shared_ptr<Pd>& pd, uint64_t addr, uint64_t length,
+                        uint32_t access) {
+  if (!mr || mr->dev_ != this) return Errc::kInval;
+  if (flags == 0 || (flags & ~kReregFlagsSupported)) return Errc::kInval;
+  if ((flags & kReregChangePd) && (!pd || &pd->device() != this)) return Errc::kInval;
+  if (flags & kReregChangeTranslation) {
+    if (length == 0 || addr + length < addr) return Errc::kInval;
+  }
+  if (flags & kReregChangeAccess) {
+    if (Status st = check_mr_access(access); !st) return st;
+  }
+  if (mr->bound_mws() != 0) return Errc::kBusy;
+  std::shared_ptr<Pd> old_pd;
+  {
+    std::unique_lock lk(mr->mu_);
+    if (mr->state_ != MrState::kValid) return Errc::kInval;
+    if (flags & kReregChangeTranslation) {
+      mr->host_addr_ = addr;
+      mr->iova_ = addr;
+      mr->length_ = length;
+    }
+    if (flags & kReregChangeAccess) mr->access_ = access & ~kAccessOptionalRange;
+    if ((flags & kReregChangePd) && pd != mr->pd_) {
+      old_pd = mr->pd_;
+      pd->add_user();
+      mr->pd_ = pd;
+    }
+    if (flags & (kReregChangeTranslation | kReregChangePd)) {
+      // New key: in-flight users of the old translation/PD must not match any more.
+      Result<uint32_t> nk = keys_.rekey_mr(mr->key_.load());
+      if (nk) mr->key_.store(*nk, std::memory_order_release);
+    }
+  }
+  if (old_pd) old_pd->drop_user();
+  return Status::ok();
+}
+
+Status Device::dereg_mr(const std::shared_ptr<Mr>& mr) {
+  if (!mr || mr->dev_ != this) return Errc::kInval;
+  if (mr->bound_mws() != 0) return Errc::kBusy;  // ibv_dereg_mr while a MW is bound (S17)
+  {
+    std::unique_lock lk(mr->mu_);
+    if (mr->state_ != MrState::kValid) return Errc::kInval;
+    mr->state_ = MrState::kInvalid;
+  }
+  (void)keys_.remove(mr->lkey());
+  mrs_.erase(mr->handle());
+  mr->pd()->drop_user();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- MW
+
+Result<std::shared_ptr<Mw>> Device::alloc_mw(const std::shared_ptr<Pd>& pd, MwType type) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (type != MwType::kType1 && type != MwType::kType2) return Errc::kInval;
+  auto mw = std::make_shared<Mw>(*this, pd, type);
+  Result<uint32_t> h = mws_.insert_next(mw);
+  if (!h) return h.error();
+  mw->handle_ = *h;
+  Result<uint32_t> key = keys_.add_mw(mw);
+  if (!key) {
+    mws_.erase(*h);
+    return key.error();
+  }
+  {
+    std::lock_guard lk(mw->mu_);
+    mw->rkey_ = *key;
+  }
+  pd->add_user();
+  return mw;
+}
+
+Status Device::dealloc_mw(const std::shared_ptr<Mw>& mw) {
+  if (!mw || mw->dev_ != this) return Errc::kInval;
+  uint32_t key;
+  {
+    std::lock_guard lk(mw->mu_);
+    if (mw->state_ == MwState::kInvalid) return Errc::kInval;
+    MwOps::unbind_locked(*mw);  // deallocating invalidates (S14)
+    mw->state_ = MwState::kInvalid;
+    key = mw->rkey_;
+  }
+  (void)keys_.remove(key);
+  mws_.erase(mw->handle());
+  mw->pd()->drop_user();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- CQ
+
+Result<std::shared_ptr<CompChannel>> Device::create_comp_channel() {
+  auto ch = std::make_shared<CompChannel>();
+  if (ch->fd() < 0) return Errc::kMFile;
+  std::lock_guard lk(chan_mu_);
+  channels_.push_back(ch);
+  return ch;
+}
+
+Status Device::destroy_comp_channel(const std::shared_ptr<CompChannel>& ch) {
+  if (!ch) return Errc::kInval;
+  if (ch->attached() != 0) return Errc::kBusy;
+  std::lock_guard lk(chan_mu_);
+  for (auto it = channels_.begin(); it != channels_.end(); ++it) {
+    if (*it == ch) {
+      channels_.erase(it);
+      return Status::ok();
+    }
+  }
+  return Errc::kInval;
+}
+
+Result<std::shared_ptr<Cq>> Device::create_cq(int cqe, std::shared_ptr<CompChannel> channel,
+                                              int comp_vector) {
+  if (cqe < 1 || cqe > attr_.max_cqe) return Errc::kInval;
+  if (comp_vector < 0 || comp_vector >= static_cast<int>(attr_.num_comp_vectors))
+    return Errc::kInval;
+  auto cq = std::make_shared<Cq>(*this, 0, static_cast<uint32_t>(cqe), channel, comp_vector);
+  Result<uint32_t> h = cqs_.insert_next(cq);
+  if (!h) return h.error();
+  cq->handle_ = *h;
+  if (channel) channel->attached_.fetch_add(1);
+  return cq;
+}
+
+Status Device::resize_cq(const std::shared_ptr<Cq>& cq, int cqe) {
+  if (!cq || cqe < 1) return Errc::kInval;
+  return cq->resize(static_cast<uint32_t>(cqe));
+}
+
+Status Device::destroy_cq(const std::shared_ptr<Cq>& cq) {
+  if (!cq || cq->dev_ != this) return Errc::kInval;
+  if (cq->users() != 0) return Errc::kBusy;
+  if (!cqs_.erase(cq->handle())) return Errc::kInval;
+  if (cq->channel_) {
+    cq->channel_->forget(cq.get());
+    cq->channel_->attached_.fetch_sub(1);
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- SRQ
+
+Result<std::shared_ptr<Srq>> Device::create_srq(const std::shared_ptr<Pd>& pd,
+                                                const SrqAttr& attr) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(attr_.max_srq_wr))
+    return Errc::kInval;
+  if (attr.max_sge == 0 || attr.max_sge > static_cast<uint32_t>(attr_.max_srq_sge))
+    return Errc::kInval;
+  if (attr.srq_limit > attr.max_wr) return Errc::kInval;
+  auto srq = std::make_shared<Srq>(*this, 0, pd, attr);
+  Result<uint32_t> h = srqs_.insert_next(srq);
+  if (!h) return h.error();
+  srq->handle_ = *h;
+  pd->add_user();
+  return srq;
+}
+
+Status Device::modify_srq(const std::shared_ptr<Srq>& srq, const SrqAttr& attr,
+                          uint32_t mask) {
+  if (!srq) return Errc::kInval;
+  return srq->modify(attr, mask);
+}
+
+Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
+  if (!srq || srq->dev_ != this) return Errc::kInval;
+  if (srq->users() != 0) return Errc::kBusy;
+  if (!srqs_.erase(srq->handle())) return Errc::kInval;
+  srq->pd()->drop_user();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- QP
+
+Result<std::shared_ptr<Qp>> Device::create_qp(const std::shared_ptr<Pd>& pd,
+                                              const QpInitAttr& in) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (in.qp_type != QpType::kRc && in.qp_type != QpType::kUc && in.qp_type != QpType::kUd)
+    return Errc::kInval;
+  if (!in.send_cq || !in.recv_cq) return Errc::kInval;
+  if (in.send_cq->dev_ != this || in.recv_cq->dev_ != this) return Errc::kInval;
+  if (in.srq && in.srq->dev_ != this) return Errc::kInval;
+  QpInitAttr init = in;
+  QpCap& c = init.cap;
+  const auto max_wr = static_cast<uint32_t>(attr_.max_qp_wr);
+  const auto max_sge = static_cast<uint32_t>(attr_.max_sge);
+  if (c.max_send_wr > max_wr || c.max_send_sge > max_sge ||
+      c.max_inline_data > attr_.max_inline_data)
+    return Errc::kInval;
+  if (!init.srq && (c.max_recv_wr > max_wr || c.max_recv_sge > max_sge)) return Errc::kInval;
+  if (c.max_send_wr == 0) c.max_send_wr = 1;
+  auto qp = std::make_shared<Qp>(*this, pd, init);
+  Result<uint32_t> qpn = qps_.insert_random(qp);
+  if (!qpn) return qpn.error();
+  qp->qpn_ = *qpn;
+  // rxe: src_port = 0xC000 + (hash_32(qpn, 14) & 0x3fff), hash_32 = (v * GOLDEN_RATIO_32) >> 18.
+  qp->udp_sport_ = static_cast<uint16_t>(0xC000 + (((*qpn * 0x61C88647u) >> 18) & 0x3FFF));
+  pd->add_user();
+  init.send_cq->users_.fetch_add(1);
+  init.recv_cq->users_.fetch_add(1);
+  if (init.srq) init.srq->users_.fetch_add(1);
+  return qp;
+}
+
+Status Device::modify_qp(const std::shared_ptr<Qp>& qp, const QpAttr& attr, uint32_t mask) {
+  if (!qp || qp->dev_ != this) return Errc::kInval;
+  std::scoped_lock lk(qp->send_mu_, qp->recv_mu_);
+  if (qp->destroyed_) return Errc::kInval;
+  QpState next;
+  Av av;
+  if (Status st = qp->check_modify(attr, mask, &next, &av); !st) return st;
+  qp->commit_modify(attr, mask, next, av);
+  return Status::ok();
+}
+
+Status Device::query_qp(const std::shared_ptr<Qp>& qp, QpAttr* attr, QpInitAttr* init) const {
+  if (!qp || qp->dev_ != this) return Errc::kInval;
+  std::scoped_lock lk(qp->send_mu_, qp->recv_mu_);
+  if (attr != nullptr) {
+    *attr = qp->attr_;
+    attr->cur_qp_state = attr->qp_state;
+    attr->cap = qp->cap_;
+  }
+  if (init != nullptr) {
+    init->send_cq = qp->send_cq_;
+    init->recv_cq = qp->recv_cq_;
+    init->srq = qp->srq_;
+    init->cap = qp->cap_;
+    init->qp_type = qp->type_;
+    init->sq_sig_all = qp->sq_sig_all_;
+  }
+  return Status::ok();
+}
+
+Status Device::destroy_qp(const std::shared_ptr<Qp>& qp) {
+  if (!qp || qp->dev_ != this) return Errc::kInval;
+  {
+    std::scoped_lock lk(qp->send_mu_, qp->recv_mu_);
+    if (qp->destroyed_) return Errc::kInval;
+    qp->destroyed_ = true;
+    qps_.erase(qp->qpn());
+    if (TransportHooks* h = hooks()) h->on_destroy(*qp);
+  }
+  qp->pd_->drop_user();
+  qp->send_cq_->users_.fetch_sub(1);
+  qp->recv_cq_->users_.fetch_sub(1);
+  if (qp->srq_) qp->srq_->users_.fetch_sub(1);
+  return Status::ok();
+}
+
+}  // namespace rnic::emu

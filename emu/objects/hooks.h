@@ -1,0 +1,37 @@
+// emu/objects/hooks.h: the interface through which the object model drives the transports
+// (requester/responder/completer, written separately). A Device holds at most one
+// TransportHooks*; with none (unit tests) WQEs simply stay queued.
+#pragma once
+
+#include "emu/objects/types.h"
+
+namespace rnic::emu {
+
+class Qp;
+class Cq;
+class Srq;
+
+class TransportHooks {
+ public:
+  virtual ~TransportHooks() = default;
+  // New WQEs were appended to qp's send queue. Called with qp's SEND lock held, in the
+  // posting thread (run the requester inline here).
+  virtual void on_post_send(Qp& qp) = 0;
+  // New WQEs were appended to qp's own receive queue (not an SRQ). Called with qp's
+  // RECEIVE lock held (e.g. resume a responder waiting in RNR).
+  virtual void on_post_recv(Qp& qp) = 0;
+  // New WQEs were appended to srq. Called with the SRQ's lock NOT held and no QP lock held.
+  virtual void on_post_srq_recv(Srq& srq) { (void)srq; }
+  // modify_qp committed a transition from -> to (attributes already updated). Called with
+  // BOTH of qp's locks held (send, then receive), before emu flushes queues on ERR.
+  // Must not call modify_qp. Also called for same-state modifies (RTS -> RTS).
+  virtual void on_modify(Qp& qp, QpState from, QpState to) = 0;
+  // qp is being destroyed (already unreachable by QPN lookup). Both locks held. After
+  // return the transports must hold no reference to qp's queues or timers.
+  virtual void on_destroy(Qp& qp) = 0;
+  // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
+  // responder/completer), then return; poll looks again once. No emu lock held.
+  virtual void on_poll_empty(Cq& cq) = 0;
+};
+
+}  // namespace rnic::emu

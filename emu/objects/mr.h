@@ -1,0 +1,129 @@
+// emu/objects/mr.h: memory regions and the protection checks built on them: local SGE checks
+// (checks-and-faults §2.4, scenario S09) and the remote rkey check (§2.3, MR and MW paths),
+// plus address translation iova/window address -> host address.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+
+#include "emu/objects/pd.h"
+#include "emu/objects/status.h"
+#include "emu/objects/types.h"
+#include "emu/objects/wqe.h"
+
+namespace rnic::emu {
+
+class KeyTable;
+
+enum class MrState : uint8_t { kInvalid = 0, kFree = 1, kValid = 2 };
+
+// A consistent snapshot of an MR's mutable fields (they change only under rereg).
+struct MrView {
+  const Pd* pd = nullptr;  // identity only (compare); never dereference
+  uint64_t host_addr = 0;  // process address of byte 0 (ibv_mr::addr)
+  uint64_t iova = 0;       // I/O virtual address of byte 0 (== host_addr for ibv_reg_mr)
+  uint64_t length = 0;
+  uint32_t access = 0;     // kAccess* bits
+  uint32_t key = 0;        // lkey == rkey
+  MrState state = MrState::kInvalid;
+
+  // [va, va+len) inside [iova, iova+length), written so it cannot overflow (§2.3 step 6).
+  bool in_range(uint64_t va, uint64_t len) const {
+    return va >= iova && len <= length && va - iova <= length - len;
+  }
+  // REQUIRES: in_range(va, ...).
+  uint64_t translate(uint64_t va) const { return host_addr + (va - iova); }
+};
+
+// A memory region. Created by Device::reg_mr; the key table holds it by key.
+// Thread-safety: all const members are safe from any thread (a shared lock guards the
+// fields rereg can change); the mutators are for Device (control path).
+class Mr {
+ public:
+  Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,
+     uint32_t access);
+  ~Mr();
+
+  // Device-wide registration handle (ibv_mr::handle); stable across rereg.
+  uint32_t handle() const { return handle_; }
+  uint32_t lkey() const { return key_.load(std::memory_order_acquire); }
+  uint32_t rkey() const { return key_.load(std::memory_order_acquire); }
+  MrView view() const;
+  std::shared_ptr<Pd> pd() const;
+  uint64_t addr() const { return view().host_addr; }
+  uint64_t iova() const { return view().iova; }
+  uint64_t length() const { return view().length; }
+  uint32_t access() const { return view().access; }
+  // Number of memory windows currently bound to this MR (dereg/rereg refuse while > 0).
+  uint32_t bound_mws() const { return bound_mws_.load(); }
+
+  void* user_context = nullptr;
+
+ private:
+  friend class Device;
+  friend struct MwOps;
+  Device* dev_;
+  uint32_t handle_ = 0;
+  mutable std::shared_mutex mu_;
+  std::shared_ptr<Pd> pd_;
+  uint64_t host_addr_, length_, iova_;
+  uint32_t access_;
+  MrState state_ = MrState::kValid;
+  std::atomic<uint32_t> key_{0};
+  std::atomic<uint32_t> bound_mws_{0};
+};
+
+// Validate reg_mr access flags like rdma-core/the kernel: REMOTE_WRITE or REMOTE_ATOMIC
+// without LOCAL_WRITE -> EINVAL; unknown non-optional bits -> EINVAL; ON_DEMAND ->
+// EOPNOTSUPP. Optional-range bits (RELAXED_ORDERING...) are accepted and ignored.
+Status check_mr_access(uint32_t access);
+
+// Which status a bad local lkey produces. kSpec (default): IBV_WC_LOC_PROT_ERR for every
+// local protection failure. kRxe: IBV_WC_LOC_QP_OP_ERR for an unknown/stale lkey, as Linux
+// rxe reports (checks-and-faults §2.4, §7 question 2; DeviceConfig::errors).
+enum class ErrorsMode : uint8_t { kSpec = 0, kRxe = 1 };
+
+// Local SGE check (§2.4; S09): lkey names a live MR (full key match, state VALID), the MR's
+// PD is `pd`, LOCAL_WRITE is granted when need_write (memory will be written: RECV scatter,
+// READ response, atomic result), and [addr, addr+length) lies inside the MR without
+// overflow. A zero-length SGE is always fine (nothing is touched). Returns kSuccess and, if
+// host_addr != nullptr, the translated address; else kLocProtErr (or kLocQpOpErr for an
+// unknown lkey in kRxe mode). Hot path: one shared-locked lookup, no allocation.
+WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
+                     ErrorsMode mode = ErrorsMode::kSpec, uint64_t* host_addr = nullptr);
+
+// Outcome of a remote rkey check. Every failure is a Remote Access error (NAK 0x62,
+// requester IBV_WC_REM_ACCESS_ERR); the distinct values exist for counters and tests.
+enum class RkeyResult : uint8_t {
+  kOk = 0,
+  kBadKey,          // no live MR/MW with this full 32-bit key
+  kPdMismatch,      // MR/MW PD != QP PD
+  kMwWrongQp,       // type-2 MW bound to another QP
+  kMwUnbound,       // MW length 0 or not VALID (type 1 unbound / type 2 FREE)
+  kAccessDenied,    // MR/MW lacks a required REMOTE_* right
+  kInvalidState,    // MR not VALID
+  kOutOfRange,      // [va, va+len) not inside the MR/window
+  kMisaligned,      // atomic address not 8-byte aligned (callers map this to INV_REQ)
+};
+const char* rkey_result_name(RkeyResult r);
+
+// Where a successful remote check says the bytes are.
+struct RemoteTarget {
+  std::shared_ptr<Mr> mr;  // keeps the MR alive while the caller copies
+  uint64_t host_addr = 0;  // translated address of va
+};
+
+// Remote access check (§2.3), in rxe's order. `required` is kAccessRemoteRead,
+// kAccessRemoteWrite or kAccessRemoteAtomic (derived from the opcode by the caller).
+// Zero-length READ/WRITE (len == 0 and required != atomic) return kOk without touching the
+// key table (C9-88); out->mr stays null. For atomics, checks 8-byte alignment of va last.
+// MW path: full key match, MW PD == qp_pd, type 2 bound to qpn, length != 0, access ⊇
+// required, VALID; then the underlying MR (VALID) and, for a zero-based window, va is an
+// offset added to the window base. MR path: full key, PD, access ⊇ required (all bits),
+// VALID, range. Thread-safe; hot path.
+RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
+                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out);
+
+}  // namespace rnic::emu

@@ -1,0 +1,543 @@
+// emu/objects/qp.cc: queue pairs — the IBA modify-QP transition table, check-then-commit modify,
+// post_send/post_recv validation and queuing, completion of the SQ head, flush on ERR.
+#include "emu/objects/qp.h"
+
+#include <cstring>
+
+#include "emu/objects/device.h"
+
+namespace rnic::emu {
+
+namespace {
+
+constexpr uint32_t kPsnMask = 0xFFFFFF;
+
+// Index: [cur][next][type], type 0 = UD, 1 = UC, 2 = RC.
+int type_index(QpType t) {
+  switch (t) {
+    case QpType::kUd: return 0;
+    case QpType::kUc: return 1;
+    case QpType::kRc: return 2;
+  }
+  return 0;
+}
+
+struct Row {
+  bool valid;
+  uint32_t req[3];
+  uint32_t opt[3];
+};
+
+// IBA Vol 1 §11.2.5 / Table "QP state transition attributes" (as encoded in Linux
+// drivers/infiniband/core/verbs.c qp_state_table, for UD/UC/RC).
+Row table_row(QpState cur, QpState next) {
+  using S = QpState;
+  const uint32_t kAll = 0;
+  Row none{false, {0, 0, 0}, {0, 0, 0}};
+  Row plain{true, {0, 0, 0}, {0, 0, 0}};
+  (void)kAll;
+  // Any state -> RESET, and any state but RESET -> ERR: no attributes. (RESET -> ERR does
+  // not exist in Linux's qp_state_table, so rdma-core users see EINVAL there.)
+  if (next == S::kReset) return plain;
+  if (next == S::kErr) return cur == S::kReset ? none : plain;
+  switch (cur) {
+    case S::kReset:
+      if (next == S::kInit)
+        return {true,
+                {kQpPkeyIndex | kQpPort | kQpQkey, kQpPkeyIndex | kQpPort | kQpAccessFlags,
+                 kQpPkeyIndex | kQpPort | kQpAccessFlags},
+                {0, 0, 0}};
+      return none;
+    case S::kInit:
+      if (next == S::kInit)
+        return {true,
+                {0, 0, 0},
+                {kQpPkeyIndex | kQpPort | kQpQkey, kQpPkeyIndex | kQpPort | kQpAccessFlags,
+                 kQpPkeyIndex | kQpPort | kQpAccessFlags}};
+      if (next == S::kRtr)
+        return {true,
+                {0, kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn,
+                 kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
+                     kQpMinRnrTimer},
+                {kQpPkeyIndex | kQpQkey, kQpAltPath | kQpAccessFlags | kQpPkeyIndex,
+                 kQpAltPath | kQpAccessFlags | kQpPkeyIndex}};
+      return none;
+    case S::kRtr:
+      if (next == S::kRts)
+        return {true,
+                {kQpSqPsn, kQpSqPsn,
+                 kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpSqPsn | kQpMaxQpRdAtomic},
+                {kQpCurState | kQpQkey,
+                 kQpCurState | kQpAltPath | kQpAccessFlags | kQpPathMigState,
+                 kQpCurState | kQpAltPath | kQpAccessFlags | kQpMinRnrTimer |
+                     kQpPathMigState}};
+      return none;
+    case S::kRts:
+      if (next == S::kRts)
+        return {true,
+                {0, 0, 0},
+                {kQpCurState | kQpQkey,
+                 kQpCurState | kQpAccessFlags | kQpAltPath | kQpPathMigState,
+                 kQpCurState | kQpAccessFlags | kQpAltPath | kQpPathMigState |
+                     kQpMinRnrTimer}};
+      if (next == S::kSqd)
+        return {true,
+                {0, 0, 0},
+                {kQpEnSqdAsyncNotify, kQpEnSqdAsyncNotify, kQpEnSqdAsyncNotify}};
+      return none;
+    case S::kSqd:
+      if (next == S::kRts)
+        return {true,
+                {0, 0, 0},
+                {kQpCurState | kQpQkey,
+                 kQpCurState | kQpAltPath | kQpAccessFlags | kQpPathMigState,
+                 kQpCurState | kQpAltPath | kQpAccessFlags | kQpMinRnrTimer |
+                     kQpPathMigState}};
+      if (next == S::kSqd)
+        return {true,
+                {0, 0, 0},
+                {kQpPkeyIndex | kQpQkey,
+                 kQpAv | kQpAltPath | kQpAccessFlags | kQpPkeyIndex | kQpPathMigState,
+                 kQpPort | kQpAv | kQpTimeout | kQpRetryCnt | kQpRnrRetry |
+                     kQpMaxQpRdAtomic | kQpMaxDestRdAtomic | kQpAltPath | kQpAccessFlags |
+                     kQpPkeyIndex | kQpMinRnrTimer | kQpPathMigState}};
+      return none;
+    case S::kSqe:
+      // SQE -> RTS exists for UD and UC only (RC never enters SQE).
+      if (next == S::kRts)
+        return {true, {0, 0, 0}, {kQpCurState | kQpQkey, kQpCurState | kQpAccessFlags, 0}};
+      return none;
+    case S::kErr:
+    case S::kUnknown:
+      return none;
+  }
+  return none;
+}
+
+bool valid_ah_for_qp(const Device& dev, const AhAttr& a, Av* out) {
+  Result<Av> r = resolve_ah_attr(dev, a);
+  if (!r) return false;
+  if (out != nullptr) *out = *r;
+  return true;
+}
+
+}  // namespace
+
+QpTransition qp_transition(QpState cur, QpState next, QpType type) {
+  QpTransition t;
+  if (static_cast<int>(cur) >= kNumQpStates || static_cast<int>(next) >= kNumQpStates)
+    return t;
+  Row r = table_row(cur, next);
+  if (!r.valid) return t;
+  if (cur == QpState::kSqe && next == QpState::kRts && type == QpType::kRc) return t;
+  int i = type_index(type);
+  t.valid = true;
+  t.required = r.req[i];
+  t.optional = r.opt[i];
+  return t;
+}
+
+WcOpcode wc_opcode_for(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: return WcOpcode::kRdmaWrite;
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm:
+    case WrOpcode::kSendWithInv: return WcOpcode::kSend;
+    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
+    case WrOpcode::kAtomicCmpAndSwp: return WcOpcode::kCompSwap;
+    case WrOpcode::kAtomicFetchAndAdd: return WcOpcode::kFetchAdd;
+    case WrOpcode::kLocalInv: return WcOpcode::kLocalInv;
+    case WrOpcode::kBindMw: return WcOpcode::kBindMw;
+    case WrOpcode::kTso: return WcOpcode::kTso;
+    case WrOpcode::kAtomicWrite: return WcOpcode::kAtomicWrite;
+    case WrOpcode::kDriver1: return WcOpcode::kSend;
+  }
+  return WcOpcode::kSend;
+}
+
+// ---------------------------------------------------------------- construction
+
+Qp::Qp(Device& dev, std::shared_ptr<Pd> pd, const QpInitAttr& init)
+    : dev_(&dev), pd_(std::move(pd)), send_cq_(init.send_cq), recv_cq_(init.recv_cq),
+      srq_(init.srq), type_(init.qp_type), sq_sig_all_(init.sq_sig_all), cap_(init.cap),
+      sq_(init.cap.max_send_wr), rq_(init.srq ? 0 : init.cap.max_recv_wr) {
+  if (srq_) {
+    cap_.max_recv_wr = 0;
+    cap_.max_recv_sge = 0;
+  }
+  sq_sge_store_.resize(size_t{cap_.max_send_wr} * cap_.max_send_sge);
+  sq_inline_store_.resize(size_t{cap_.max_send_wr} * cap_.max_inline_data);
+  for (uint32_t i = 0; i < sq_.capacity(); ++i) {
+    sq_.slot(i).sge = sq_sge_store_.data() + size_t{i} * cap_.max_send_sge;
+    sq_.slot(i).inline_data = sq_inline_store_.data() + size_t{i} * cap_.max_inline_data;
+  }
+  rq_sge_store_.resize(size_t{rq_.capacity()} * cap_.max_recv_sge);
+  for (uint32_t i = 0; i < rq_.capacity(); ++i)
+    rq_.slot(i).sge = rq_sge_store_.data() + size_t{i} * cap_.max_recv_sge;
+  reset_locked();
+}
+
+// Use counts on the PD/CQs/SRQ are taken by Device::create_qp and dropped by destroy_qp,
+// so a lingering reference (an undelivered async event) never keeps them busy.
+Qp::~Qp() = default;
+
+void Qp::reset_locked() {
+  // rxe_qp_reset: queues emptied without completions, attributes back to create defaults.
+  sq_.clear();
+  rq_.clear();
+  QpAttr a;
+  a.qp_state = a.cur_qp_state = QpState::kReset;
+  a.path_mtu = Mtu::k256;  // rxe: a new QP's path MTU is 256 until modified
+  a.cap = cap_;
+  a.port_num = 1;
+  attr_ = a;
+  av_ = Av{};
+  // req_/resp_/comp_ belong to the transports: they reset them in on_modify(-> RESET).
+  state_.store(QpState::kReset, std::memory_order_release);
+}
+
+// ---------------------------------------------------------------- modify
+
+Status Qp::check_modify(const QpAttr& a, uint32_t mask, QpState* next_out, Av* av) const {
+  if (mask & ~kQpAttrMaskAll) return Errc::kInval;
+  const QpState cur = state();
+  if (mask & kQpCurState) {
+    if (a.cur_qp_state != cur) return Errc::kInval;
+  }
+  QpState next = cur;
+  if (mask & kQpState) {
+    if (static_cast<int>(a.qp_state) >= kNumQpStates) return Errc::kInval;
+    next = a.qp_state;
+  }
+  QpTransition t = qp_transition(cur, next, type_);
+  if (!t.valid) return Errc::kInval;
+  if ((mask & t.required) != t.required) return Errc::kInval;
+  if (mask & ~(t.required | t.optional | kQpState)) return Errc::kInval;
+
+  const DeviceAttr& da = dev_->attr();
+  if ((mask & kQpPort) && a.port_num != 1) return Errc::kInval;
+  if ((mask & kQpPkeyIndex) && a.pkey_index >= kPkeyTableLen) return Errc::kInval;
+  if (mask & kQpAccessFlags) {
+    constexpr uint32_t kOk = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead |
+                             kAccessRemoteAtomic | kAccessMwBind;
+    if (a.qp_access_flags & ~(kOk | kAccessOptionalRange)) return Errc::kInval;
+  }
+  if (mask & kQpPathMtu) {
+    auto m = static_cast<uint8_t>(a.path_mtu);
+    if (!mtu_valid(m) || m > static_cast<uint8_t>(Mtu::k4096)) return Errc::kInval;
+  }
+  if ((mask & kQpTimeout) && a.timeout > 31) return Errc::kInval;
+  if ((mask & kQpRetryCnt) && a.retry_cnt > 7) return Errc::kInval;
+  if ((mask & kQpRnrRetry) && a.rnr_retry > 7) return Errc::kInval;
+  if ((mask & kQpMinRnrTimer) && a.min_rnr_timer > 31) return Errc::kInval;
+  if ((mask & kQpMaxQpRdAtomic) && a.max_rd_atomic > da.max_qp_init_rd_atom)
+    return Errc::kInval;
+  if ((mask & kQpMaxDestRdAtomic) && a.max_dest_rd_atomic > da.max_qp_rd_atom)
+    return Errc::kInval;
+  if ((mask & kQpDestQpn) && a.dest_qp_num > kPsnMask) return Errc::kInval;
+  if ((mask & kQpPathMigState) && static_cast<uint8_t>(a.path_mig_state) > 2)
+    return Errc::kInval;
+  if (mask & kQpAv) {
+    if (!valid_ah_for_qp(*dev_, a.ah_attr, av)) return Errc::kInval;
+  }
+  if (mask & kQpAltPath) {
+    if (!valid_ah_for_qp(*dev_, a.alt_ah_attr, nullptr)) return Errc::kInval;
+    if (a.alt_port_num != 1 || a.alt_pkey_index >= kPkeyTableLen || a.alt_timeout > 31)
+      return Errc::kInval;
+  }
+  *next_out = next;
+  return Status::ok();
+}
+
+void Qp::commit_modify(const QpAttr& a, uint32_t mask, QpState next, const Av& av) {
+  const QpState from = state();
+  if (next == QpState::kReset) {
+    reset_locked();
+    if (TransportHooks* h = dev_->hooks()) h->on_modify(*this, from, next);
+    return;
+  }
+  if (mask & kQpPort) attr_.port_num = a.port_num;
+  if (mask & kQpPkeyIndex) attr_.pkey_index = a.pkey_index;
+  if (mask & kQpQkey) attr_.qkey = a.qkey;
+  if (mask & kQpAccessFlags) attr_.qp_access_flags = a.qp_access_flags & ~kAccessOptionalRange;
+  if (mask & kQpAv) {
+    attr_.ah_attr = a.ah_attr;
+    av_ = av;
+  }
+  if (mask & kQpPathMtu) attr_.path_mtu = a.path_mtu;
+  if (mask & kQpTimeout) attr_.timeout = a.timeout;
+  if (mask & kQpRetryCnt) attr_.retry_cnt = a.retry_cnt;
+  if (mask & kQpRnrRetry) attr_.rnr_retry = a.rnr_retry;
+  if (mask & kQpRqPsn) attr_.rq_psn = a.rq_psn & kPsnMask;
+  if (mask & kQpSqPsn) attr_.sq_psn = a.sq_psn & kPsnMask;
+  if (mask & kQpMaxQpRdAtomic) attr_.max_rd_atomic = a.max_rd_atomic;
+  if (mask & kQpMaxDestRdAtomic) attr_.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (mask & kQpMinRnrTimer) attr_.min_rnr_timer = a.min_rnr_timer;
+  if (mask & kQpDestQpn) attr_.dest_qp_num = a.dest_qp_num;
+  if (mask & kQpPathMigState) attr_.path_mig_state = a.path_mig_state;
+  if (mask & kQpEnSqdAsyncNotify) attr_.en_sqd_async_notify = a.en_sqd_async_notify;
+  if (mask & kQpAltPath) {
+    attr_.alt_ah_attr = a.alt_ah_attr;
+    attr_.alt_port_num = a.alt_port_num;
+    attr_.alt_pkey_index = a.alt_pkey_index;
+    attr_.alt_timeout = a.alt_timeout;
+  }
+  attr_.qp_state = attr_.cur_qp_state = next;
+  attr_.sq_draining = 0;
+  state_.store(next, std::memory_order_release);
+  if (TransportHooks* h = dev_->hooks()) h->on_modify(*this, from, next);
+  if (next == QpState::kErr) {
+    flush_sq_locked();
+    flush_rq_locked();
+    if (srq_ && from != QpState::kErr) {
+      AsyncEvent ev;
+      ev.type = EventType::kQpLastWqeReached;
+      ev.qp = shared_from_this();
+      dev_->async_events().push(std::move(ev));
+    }
+  } else if (next == QpState::kSqd && from != QpState::kSqd) {
+    // The SQ drains once no WQE is outstanding; with no transport (or an empty SQ) that is
+    // now. The transports report later drains themselves.
+    if (sq_.empty() && attr_.en_sqd_async_notify) {
+      AsyncEvent ev;
+      ev.type = EventType::kSqDrained;
+      ev.qp = shared_from_this();
+      dev_->async_events().push(std::move(ev));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- errors and flush
+
+bool Qp::flush_push(const std::shared_ptr<Cq>& cq, const Cqe& e) {
+  if (!cq) return true;
+  return cq->push(e);
+}
+
+void Qp::flush_sq_locked() {
+  while (!sq_.empty()) {
+    SendWqe& w = sq_.head();
+    Cqe e;
+    e.wr_id = w.wr_id;
+    e.status = WcStatus::kWrFlushErr;
+    e.opcode = wc_opcode_for(w.opcode);
+    e.qp_num = qpn_;
+    flush_push(send_cq_, e);  // errors always complete (IBA 10.7.3.1)
+    sq_.pop();
+  }
+}
+
+void Qp::flush_rq_locked() {
+  while (!rq_.empty()) {
+    RecvWqe& w = rq_.head();
+    Cqe e;
+    e.wr_id = w.wr_id;
+    e.status = WcStatus::kWrFlushErr;
+    e.opcode = WcOpcode::kRecv;
+    e.qp_num = qpn_;
+    flush_push(recv_cq_, e);
+    rq_.pop();
+  }
+}
+
+void Qp::enter_error_locked(bool fatal) {
+  const QpState from = state();
+  attr_.qp_state = attr_.cur_qp_state = QpState::kErr;
+  state_.store(QpState::kErr, std::memory_order_release);
+  if (from != QpState::kErr) {
+    if (TransportHooks* h = dev_->hooks()) h->on_modify(*this, from, QpState::kErr);
+    if (fatal) {
+      AsyncEvent ev;
+      ev.type = EventType::kQpFatal;
+      ev.qp = shared_from_this();
+      dev_->async_events().push(std::move(ev));
+    }
+  }
+  flush_sq_locked();
+  flush_rq_locked();
+  if (srq_ && from != QpState::kErr) {
+    AsyncEvent ev;
+    ev.type = EventType::kQpLastWqeReached;
+    ev.qp = shared_from_this();
+    dev_->async_events().push(std::move(ev));
+  }
+}
+
+void Qp::enter_sqe_locked() {
+  const QpState from = state();
+  if (from == QpState::kErr) return;
+  attr_.qp_state = attr_.cur_qp_state = QpState::kSqe;
+  state_.store(QpState::kSqe, std::memory_order_release);
+  if (from != QpState::kSqe) {
+    if (TransportHooks* h = dev_->hooks()) h->on_modify(*this, from, QpState::kSqe);
+  }
+  flush_sq_locked();
+}
+
+bool Qp::complete_send_head_locked(WcStatus status, uint32_t byte_len) {
+  SendWqe& w = sq_.head();
+  bool ok = true;
+  if (w.signaled || status != WcStatus::kSuccess) {
+    Cqe e;
+    e.wr_id = w.wr_id;
+    e.status = status;
+    e.opcode = wc_opcode_for(w.opcode);
+    e.byte_len = byte_len;
+    e.qp_num = qpn_;
+    ok = flush_push(send_cq_, e);
+  }
+  sq_.pop();
+  return ok;
+}
+
+// ---------------------------------------------------------------- post
+
+namespace {
+bool opcode_valid(QpType t, WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: return true;
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm:
+    case WrOpcode::kLocalInv:
+    case WrOpcode::kBindMw:
+    case WrOpcode::kSendWithInv: return t == QpType::kRc || t == QpType::kUc;
+    case WrOpcode::kRdmaRead:
+    case WrOpcode::kAtomicCmpAndSwp:
+    case WrOpcode::kAtomicFetchAndAdd:
+    case WrOpcode::kAtomicWrite: return t == QpType::kRc;
+    case WrOpcode::kTso:
+    case WrOpcode::kDriver1: return false;
+  }
+  return false;
+}
+bool inline_allowed(WrOpcode op) {
+  return op == WrOpcode::kSend || op == WrOpcode::kSendWithImm ||
+         op == WrOpcode::kSendWithInv || op == WrOpcode::kRdmaWrite ||
+         op == WrOpcode::kRdmaWriteWithImm;
+}
+bool is_atomic(WrOpcode op) {
+  return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd ||
+         op == WrOpcode::kAtomicWrite;
+}
+}  // namespace
+
+Status Qp::validate_send_wr(const SendWr& wr) const {
+  if (!opcode_valid(type_, wr.opcode)) return Errc::kInval;
+  if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_send_sge)
+    return Errc::kInval;
+  if (wr.num_sge > 0 && wr.sg_list == nullptr) return Errc::kInval;
+  uint64_t len = 0;
+  for (int i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
+  if (len > kPortMaxMsgSz) return Errc::kInval;
+  if (wr.send_flags & kSendInline) {
+    if (!inline_allowed(wr.opcode)) return Errc::kInval;
+    if (len > cap_.max_inline_data) return Errc::kInval;
+  }
+  if (is_atomic(wr.opcode) && len < 8) return Errc::kInval;
+  if (type_ == QpType::kUd && wr.ud.ah == nullptr) return Errc::kInval;
+  return Status::ok();
+}
+
+Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
+  std::lock_guard lk(send_mu_);
+  const QpState st = state();
+  int i = 0;
+  Status result;
+  if (destroyed_ || st == QpState::kReset || st == QpState::kInit || st == QpState::kRtr) {
+    if (bad != nullptr) *bad = 0;
+    return n > 0 ? Status(Errc::kInval) : Status::ok();
+  }
+  for (; i < n; ++i) {
+    const SendWr& wr = wrs[i];
+    result = validate_send_wr(wr);
+    if (!result) break;
+    if (sq_.full()) {
+      result = Errc::kNoMem;
+      break;
+    }
+    SendWqe& w = sq_.tail_slot();
+    w.wr_id = wr.wr_id;
+    w.opcode = wr.opcode;
+    w.send_flags = wr.send_flags;
+    w.signaled = sq_sig_all_ || (wr.send_flags & kSendSignaled);
+    w.imm_data = wr.imm_data;
+    w.invalidate_rkey = wr.invalidate_rkey;
+    if (is_atomic(wr.opcode)) {
+      w.remote_addr = wr.atomic.remote_addr;
+      w.rkey = wr.atomic.rkey;
+      w.compare_add = wr.atomic.compare_add;
+      w.swap = wr.atomic.swap;
+    } else {
+      w.remote_addr = wr.rdma.remote_addr;
+      w.rkey = wr.rdma.rkey;
+      w.compare_add = w.swap = 0;
+    }
+    if (type_ == QpType::kUd) {
+      w.av = wr.ud.ah->av();
+      w.remote_qpn = wr.ud.remote_qpn & kPsnMask;
+      w.remote_qkey = wr.ud.remote_qkey;
+    }
+    w.bind = wr.opcode == WrOpcode::kBindMw ? wr.bind_mw : BindInfo{};
+    w.length = 0;
+    w.is_inline = (wr.send_flags & kSendInline) != 0;
+    w.inline_len = 0;
+    w.num_sge = 0;
+    if (w.is_inline) {
+      // The payload is copied now: the application may reuse its buffers on return.
+      for (int k = 0; k < wr.num_sge; ++k) {
+        const Sge& s = wr.sg_list[k];
+        if (s.length != 0)
+          std::memcpy(w.inline_data + w.inline_len, reinterpret_cast<const void*>(s.addr),
+                      s.length);
+        w.inline_len += s.length;
+      }
+      w.length = w.inline_len;
+    } else {
+      for (int k = 0; k < wr.num_sge; ++k) {
+        w.sge[k] = wr.sg_list[k];
+        w.length += wr.sg_list[k].length;
+      }
+      w.num_sge = static_cast<uint32_t>(wr.num_sge);
+    }
+    w.state = WqeState::kPosted;
+    w.status = WcStatus::kSuccess;
+    w.first_psn = w.last_psn = 0;
+    w.offset = 0;
+    w.sge_index = w.sge_offset = 0;
+    for (auto& s : w.scratch) s = 0;
+    sq_.commit_push();
+  }
+  if (bad != nullptr) *bad = i;
+  if (i > 0) {
+    if (st == QpState::kSqe || st == QpState::kErr) {
+      flush_sq_locked();
+    } else if (TransportHooks* h = dev_->hooks()) {
+      h->on_post_send(*this);
+    }
+  }
+  return result;
+}
+
+Status Qp::post_recv(const RecvWr* wrs, int n, int* bad) {
+  std::lock_guard lk(recv_mu_);
+  const QpState st = state();
+  if (destroyed_ || st == QpState::kReset || srq_) {
+    if (bad != nullptr) *bad = 0;
+    return n > 0 ? Status(Errc::kInval) : Status::ok();
+  }
+  int i = 0;
+  Status result = push_recv_wrs(rq_, wrs, n, cap_.max_recv_sge, &i);
+  if (bad != nullptr) *bad = i;
+  if (i > 0) {
+    if (st == QpState::kErr) {
+      flush_rq_locked();
+    } else if (TransportHooks* h = dev_->hooks()) {
+      h->on_post_recv(*this);
+    }
+  }
+  return result;
+}
+
+}  // namespace rnic::emu

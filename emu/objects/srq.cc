@@ -1,0 +1,112 @@
+// emu/objects/srq.cc: shared receive queues — post, pop, modify and the limit event.
+#include "emu/objects/srq.h"
+
+#include "emu/objects/device.h"
+
+namespace rnic::emu {
+
+Srq::Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr)
+    : dev_(&dev), handle_(handle), pd_(std::move(pd)), attr_(attr), ring_(attr.max_wr) {
+  armed_ = attr.srq_limit != 0;
+  relink_storage_locked();
+}
+
+Srq::~Srq() = default;
+
+void Srq::relink_storage_locked() {
+  // Each ring slot owns max_sge entries of sge_store_. After a resize the live entries have
+  // moved to slots 0..count-1 carrying stale pointers: copy their SGEs into the new store.
+  std::vector<Sge> store(size_t{ring_.capacity()} * attr_.max_sge);
+  for (uint32_t i = 0; i < ring_.capacity(); ++i) {
+    RecvWqe& w = ring_.slot(i);
+    Sge* dst = store.data() + size_t{i} * attr_.max_sge;
+    if (i < ring_.size() && w.sge != nullptr) {
+      for (uint32_t k = 0; k < w.num_sge; ++k) dst[k] = w.sge[k];
+    }
+    w.sge = dst;
+  }
+  sge_store_.swap(store);
+}
+
+SrqAttr Srq::query() const {
+  std::lock_guard lk(mu_);
+  return attr_;
+}
+
+Status Srq::post_recv(const RecvWr* wrs, int n, int* bad) {
+  int i = 0;
+  Status st;
+  {
+    std::lock_guard lk(mu_);
+    st = push_recv_wrs(ring_, wrs, n, attr_.max_sge, &i);
+  }
+  if (bad != nullptr) *bad = i;
+  if (i > 0) {
+    if (TransportHooks* h = dev_->hooks()) h->on_post_srq_recv(*this);
+  }
+  return st;
+}
+
+bool Srq::pop(RecvWqe* out, Sge* out_sges) {
+  bool fire = false;
+  {
+    std::lock_guard lk(mu_);
+    if (ring_.empty()) return false;
+    RecvWqe& w = ring_.head();
+    *out = w;
+    for (uint32_t k = 0; k < w.num_sge; ++k) out_sges[k] = w.sge[k];
+    out->sge = out_sges;
+    ring_.pop();
+    // IBA 10.2.9.3: when armed and the number of WQEs drops below the limit, raise
+    // SRQ_LIMIT_REACHED once and disarm.
+    if (armed_ && ring_.size() < attr_.srq_limit) {
+      armed_ = false;
+      fire = true;
+    }
+  }
+  if (fire) {
+    AsyncEvent ev;
+    ev.type = EventType::kSrqLimitReached;
+    ev.srq = shared_from_this();
+    dev_->async_events().push(std::move(ev));
+  }
+  return true;
+}
+
+uint32_t Srq::count() const {
+  std::lock_guard lk(mu_);
+  return ring_.size();
+}
+
+Status Srq::modify(const SrqAttr& attr, uint32_t mask) {
+  if (mask & ~(kSrqMaxWr | kSrqLimit)) return Errc::kInval;
+  std::lock_guard lk(mu_);
+  uint32_t new_max = attr_.max_wr;
+  if (mask & kSrqMaxWr) {
+    if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(dev_->attr().max_srq_wr))
+      return Errc::kInval;
+    if (attr.max_wr < ring_.size()) return Errc::kInval;
+    new_max = attr.max_wr;
+  }
+  if (mask & kSrqLimit) {
+    if (attr.srq_limit > new_max) return Errc::kInval;
+  }
+  // Commit.
+  if (mask & kSrqMaxWr && new_max != attr_.max_wr) {
+    ring_.resize(new_max);
+    attr_.max_wr = new_max;
+    relink_storage_locked();
+  }
+  if (mask & kSrqLimit) {
+    attr_.srq_limit = attr.srq_limit;
+    armed_ = attr.srq_limit != 0;
+  }
+  return Status::ok();
+}
+
+bool Srq::limit_armed() const {
+  std::lock_guard lk(mu_);
+  return armed_;
+}
+
+}  // namespace rnic::emu

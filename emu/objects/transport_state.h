@@ -1,0 +1,109 @@
+// emu/objects/transport_state.h: per-QP state of the transports (requester, responder, completer),
+// embedded in Qp as req_/resp_/comp_. Owned by the transports (emu/req, comp, resp, recv,
+// engine); emu's object model only constructs them (value-initialised) and never reads them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "emu/objects/counters.h"
+#include "emu/objects/param.h"
+#include "emu/objects/wqe.h"
+#include "wire/icrc.h"
+#include "wire/port.h"
+
+namespace rnic::emu {
+
+// Requester state (req.cc). Guarded by the QP send lock.
+//
+// The send queue (Qp::sq(), index 0 = oldest) is walked by `pos`: WQEs before pos have had
+// all their packets emitted (or were local ops executed inline); the completer pops WQEs from
+// the head in order and decrements pos. Per-WQE progress lives in SendWqe itself (state,
+// first_psn/last_psn, offset, sge cursor).
+struct ReqState {
+  bool ready = false;            // set up by the RTS transition (else the requester idles)
+  uint32_t psn = 0;              // next PSN to assign (24 bits); rewound by go-back-N
+  uint32_t max_psn = 0;          // one past the highest PSN ever sent (never rewound)
+  uint32_t pos = 0;              // SQ index (from head) of the WQE being worked on
+  uint32_t pkts_since_ackreq = 0;
+  uint32_t rd_atomic_inflight = 0;  // READ/ATOMIC WQEs issued and not completed
+  uint32_t max_rd_atomic = 1;    // initiator depth (attr max_rd_atomic, at least 1)
+  uint32_t mtu = 256;            // path MTU bytes (RC/UC: attr; UD: port active MTU)
+  bool rnr_wait = false;         // blocked until the RNR timer fires (completer)
+  wire::Endpoint dst;            // RC/UC peer (from the QP's AV)
+  wire::IpUdpMeta meta;          // ICRC metadata towards dst (RC/UC)
+};
+
+// One responder resource (IBA 9.7.5.1.4 / rxe resp_res): a READ or ATOMIC the responder
+// executed, kept so that a duplicate request can be answered without re-executing it.
+struct RespRes {
+  enum Kind : uint8_t { kFree = 0, kRead = 1, kAtomic = 2 } kind = kFree;
+  uint32_t first_psn = 0;
+  uint32_t last_psn = 0;
+  uint64_t va = 0;        // READ: original VA
+  uint32_t rkey = 0;
+  uint32_t length = 0;    // READ: original DMA length
+  uint64_t orig = 0;      // ATOMIC: value returned (replayed, never re-executed)
+  uint32_t msn = 0;       // MSN carried by the original answer
+};
+
+// Responder state (resp.cc). Guarded by the QP receive lock.
+struct RespState {
+  bool ready = false;            // set up by the RTR transition
+  uint32_t epsn = 0;             // expected PSN (RC/UC)
+  uint32_t msn = 0;              // message sequence number (24 bits)
+  bool nak_sent = false;         // sent_psn_nak latch: one PSN-sequence NAK per gap
+  // ACK coalescing within one receive batch: the latest ACK owed, sent when the batch ends
+  // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
+  bool ack_pending = false;
+  bool ack_listed = false;       // QP is in the engine's pending-ACK list
+  uint32_t ack_psn = 0;
+  uint32_t ack_msn = 0;
+  bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY
+  uint32_t mtu = 256;
+  // Message in progress (a SEND or WRITE that has seen FIRST but not LAST).
+  enum Cur : uint8_t { kNone = 0, kSend = 1, kWrite = 2 } cur = kNone;
+  // Receive WQE consumed by the current SEND (or WRITE_WITH_IMM at its last packet). It is
+  // taken off the RQ/SRQ at the start of the message and copied here with its SGEs.
+  bool have_wqe = false;
+  RecvWqe wqe;
+  Sge sges[kMaxSge];
+  uint64_t recv_offset = 0;      // bytes scattered into wqe so far
+  // WRITE in progress: rkey, next VA, bytes remaining (validated for the whole message at
+  // FIRST, re-validated for each packet).
+  uint32_t w_rkey = 0;
+  uint64_t w_va = 0;
+  uint32_t w_resid = 0;
+  uint32_t w_total = 0;          // DMA length of the WRITE (WRITE_WITH_IMM byte_len)
+  // Responder resources: ring of max_dest_rd_atomic slots.
+  std::vector<RespRes> res;
+  uint32_t res_next = 0;
+  uint32_t max_dest_rd_atomic = 0;
+  wire::Endpoint dst;            // RC: where ACKs and responses go (the QP's AV)
+  wire::IpUdpMeta meta;
+};
+
+// Completer state (comp.cc), timers and the per-QP counters. Guarded by the QP send lock,
+// except `ctr` (atomic, any thread).
+struct CompState {
+  uint32_t psn = 0;              // oldest PSN not yet acknowledged
+  uint8_t retry_cnt = 7;         // attr values (7 = infinite)
+  uint8_t rnr_retry = 7;
+  uint8_t retry_left = 7;        // counts down; reset on forward progress
+  uint8_t rnr_left = 7;
+  uint64_t timeout_ns = 0;       // 4.096 us * 2^timeout; 0 = no retransmit timer
+  uint64_t retrans_deadline_ns = 0;  // 0 = disarmed (CLOCK_MONOTONIC)
+  uint64_t rnr_deadline_ns = 0;      // 0 = not waiting
+  bool retry_latched = false;    // a go-back-N for lost read responses is in progress
+  bool sqd_notified = true;      // SQD: SQ_DRAINED already reported (or not in SQD)
+  bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
+  bool registered = false;       // QP is in the engine's timer list
+  bool dead = false;             // on_destroy ran: touch nothing
+  // Strict source check (recv.cc): 0 = no UDP source port latched yet, else 0x10000 | port.
+  // Any thread (atomic); cleared when the QP goes back to RESET.
+  std::atomic<uint32_t> src_latch{0};
+  Counters ctr;                  // per-QP counters (rxe names, see counters.h)
+};
+
+}  // namespace rnic::emu

@@ -1,0 +1,532 @@
+// emu/transport/engine.cc: engine start/stop, the progress thread (epoll: port fd, timerfd, eventfd),
+// the receive drain, timers, and the TransportHooks glue to req/comp/resp/recv.
+#include "emu/transport/engine.h"
+
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "emu/transport/comp.h"
+#include "emu/objects/cq.h"
+#include "emu/transport/recv.h"
+#include "emu/transport/req.h"
+#include "emu/transport/resp.h"
+#include "wire/psn.h"
+#include "wire/udp_port.h"
+
+namespace rnic::emu {
+
+// ---------------------------------------------------------------- TxBatch
+
+TxBatch::TxBatch() : mem_(new uint8_t[kArenaBytes]) {}
+
+int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
+  int off = 0;
+  int stalls = 0;
+  while (off < n_) {
+    int r = port.send_batch(std::span<const wire::TxDesc>(descs_ + off, n_ - off));
+    if (r > 0) {
+      off += r;
+      stalls = 0;
+      continue;
+    }
+    if ((r == 0 || r == -EAGAIN || r == -ENOBUFS) && ++stalls < 1000) {
+      sched_yield();
+      continue;
+    }
+    dev_ctr.add(Ctr::kSendErr, static_cast<uint64_t>(n_ - off));
+    break;
+  }
+  n_ = 0;
+  used_ = 0;
+  run_open_ = false;
+  return off;
+}
+
+TxBatch& tx_batch_for_thread() {
+  thread_local TxBatch batch;
+  return batch;
+}
+
+// ---------------------------------------------------------------- start / stop
+
+Engine::Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg)
+    : dev_(dev), port_(std::move(port)), cfg_(cfg), gso_(cfg.gso) {}
+
+Result<std::shared_ptr<Engine>> Engine::start(const std::shared_ptr<Device>& dev,
+                                              const EngineConfig& cfg) {
+  if (!dev) return Errc::kInval;
+  const std::string& ip = cfg.ip.empty() ? dev->config().ip : cfg.ip;
+  auto ep = wire::Endpoint::parse(ip, cfg.udp_port);
+  if (!ep) return Errc::kInval;
+  wire::UdpPortOptions o;
+  o.bind = *ep;
+  o.rcvbuf = cfg.rcvbuf;
+  o.sndbuf = cfg.sndbuf;
+  o.gso = cfg.gso;
+  o.gro = cfg.gso;
+  int err = 0;
+  std::unique_ptr<wire::UdpPort> port = wire::UdpPort::open(o, &err);
+  if (!port) return static_cast<Errc>(err != 0 ? err : EIO);
+  return start_with_port(dev, std::move(port), cfg);
+}
+
+Result<std::shared_ptr<Engine>> Engine::start_with_port(const std::shared_ptr<Device>& dev,
+                                                        std::unique_ptr<wire::Port> port,
+                                                        const EngineConfig& cfg) {
+  if (!dev || !port) return Errc::kInval;
+  if (dev->hooks() != nullptr) return Errc::kBusy;
+  std::shared_ptr<Engine> e(new Engine(dev.get(), std::move(port), cfg));
+  Status st = e->init();
+  if (!st) return st;
+  dev->set_hooks(e.get());
+  dev->set_engine(e);
+  if (cfg.progress_thread) e->thread_ = std::thread([p = e.get()] { p->progress_loop(); });
+  return e;
+}
+
+Status Engine::init() {
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  defer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer_fd_ < 0 || event_fd_ < 0 || epoll_fd_ < 0 || defer_fd_ < 0)
+    return static_cast<Errc>(errno);
+  auto add = [&](int fd) {
+    if (fd < 0) return true;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+  };
+  if (!add(port_->wait_fd()) || !add(timer_fd_) || !add(event_fd_) || !add(defer_fd_))
+    return static_cast<Errc>(errno);
+  rx_mem_.reset(new uint8_t[static_cast<size_t>(kRxBatch) * kRxBufBytes]);
+  for (int i = 0; i < kRxBatch; ++i) {
+    rx_descs_[i].buf = rx_mem_.get() + static_cast<size_t>(i) * kRxBufBytes;
+    rx_descs_[i].cap = kRxBufBytes;
+  }
+  rx_tx_ = std::make_unique<TxBatch>();
+  rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
+  ack_qps_.reserve(kMaxDeferredAcks);
+  scan_.reserve(64);
+  return Status::ok();
+}
+
+void Engine::stop() {
+  std::lock_guard lk(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_.store(true, std::memory_order_release);
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    ssize_t w = write(event_fd_, &one, sizeof(one));
+    (void)w;
+    thread_.join();
+  }
+  if (dev_->hooks() == this) dev_->set_hooks(nullptr);
+}
+
+Engine::~Engine() {
+  stop();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (timer_fd_ >= 0) close(timer_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+  if (defer_fd_ >= 0) close(defer_fd_);
+}
+
+// ---------------------------------------------------------------- progress thread
+
+void Engine::progress_loop() {
+  // The busy-poll re-check is a short timer: do not let the default 50 us slack stretch it.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  epoll_event evs[5];
+  while (!stopping_.load(std::memory_order_acquire)) {
+    // Packets held by the fault layer need a wake-up of their own.
+    int timeout_ms = -1;
+    uint64_t held = port_->next_held_deadline_ns();
+    if (wire::HeldPacketSource* fe = fault_.load(std::memory_order_acquire)) {
+      uint64_t f = fe->next_deadline_ns();
+      if (f != 0 && (held == 0 || f < held)) held = f;
+    }
+    if (held != 0) {
+      uint64_t now = wire::monotonic_ns();
+      timeout_ms = held <= now ? 0 : static_cast<int>(std::min<uint64_t>((held - now) / 1'000'000 + 1, 1000));
+    }
+    int n = epoll_wait(epoll_fd_, evs, 5, timeout_ms);
+    if (n < 0 && errno != EINTR) break;
+    bool rx = false, timer = false, defer = false;
+    for (int i = 0; i < n; ++i) {
+      int fd = evs[i].data.fd;
+      if (fd == event_fd_) {
+        uint64_t v;
+        ssize_t r = read(event_fd_, &v, sizeof(v));
+        (void)r;
+      } else if (fd == timer_fd_) {
+        uint64_t v;
+        ssize_t r = read(timer_fd_, &v, sizeof(v));
+        (void)r;
+        timer = true;
+      } else if (fd == defer_fd_) {
+        uint64_t v;
+        ssize_t r = read(defer_fd_, &v, sizeof(v));
+        (void)r;
+        defer = true;
+      } else {
+        rx = true;
+      }
+    }
+    if (stopping_.load(std::memory_order_acquire)) break;
+    if (held != 0) {
+      port_->release_held();
+      if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
+      rx = true;
+    }
+    if (defer) {
+      // Still busy-polled: look again later. Else watch the socket again (level-triggered:
+      // anything that arrived meanwhile wakes us at once) and drain it now.
+      const uint64_t last = inline_poll_ns_.load(std::memory_order_acquire);
+      if (wire::monotonic_ns() - last < cfg_.busy_poll_ns) {
+        arm_defer(last + cfg_.busy_poll_ns);
+      } else {
+        watch_rx(true);
+        rx = true;
+      }
+    }
+    if (rx) poll_rx(256);
+    if (timer) run_timers(wire::monotonic_ns());
+  }
+  watch_rx(true);
+}
+
+void Engine::watch_rx(bool on) {
+  if (on) rx_watched_.store(true, std::memory_order_release);
+  epoll_event ev{};
+  ev.events = on ? static_cast<uint32_t>(EPOLLIN) : 0u;
+  ev.data.fd = port_->wait_fd();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, port_->wait_fd(), &ev);
+}
+
+void Engine::arm_defer(uint64_t deadline_ns) {
+  itimerspec its{};
+  its.it_value.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
+  its.it_value.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
+  timerfd_settime(defer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+// ---------------------------------------------------------------- receive
+
+int Engine::poll_rx(int budget) {
+  std::lock_guard lk(rx_mu_);
+  return drain_locked(budget);
+}
+
+int Engine::try_poll_rx(int budget) {
+  std::unique_lock lk(rx_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return 0;
+  return drain_locked(budget);
+}
+
+int Engine::drain_locked(int budget) {
+  int total = 0;
+  rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
+  // Completion events raised by this batch fire only once its ACKs have been sent: an app
+  // woken by one (ib_send_lat -e) must not get its reply onto the wire ahead of our ACK.
+  CqEventHold events;
+  const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
+  if (faults) drain_fault_rx_locked();
+  while (total < budget) {
+    int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      const wire::RxDesc& d = rx_descs_[i];
+      if (d.truncated) {
+        ctr_.add(Ctr::kDropMalformed);
+        continue;
+      }
+      wire::for_each_segment(d, [&](std::span<uint8_t> seg, uint32_t idx) {
+        recv_packet(*this, d, seg, idx);
+      });
+    }
+    total += n;
+    if (faults) drain_fault_rx_locked();
+    flush_acks_locked();
+    flush(*rx_tx_);
+    events.release();
+  }
+  flush_acks_locked();
+  flush(*rx_tx_);
+  return total;  // `events` releases the rest
+}
+
+void Engine::flush_acks_locked() {
+  for (auto& qp : ack_qps_) {
+    std::lock_guard lk(qp->recv_mutex());
+    resp_flush_ack(*this, *qp);
+  }
+  ack_qps_.clear();
+}
+
+void Engine::drain_fault_rx_locked() {
+  wire::HeldPacketSource* fe = fault_.load(std::memory_order_acquire);
+  if (fe == nullptr) return;
+  fe->drain_with(wire::Direction::kRx, [&](const wire::Endpoint& src, const wire::Endpoint& dst,
+                                           std::span<const uint8_t> bytes) {
+    wire::RxDesc d;
+    d.src = src;
+    d.dst = dst;
+    d.len = static_cast<uint32_t>(bytes.size());
+    recv_packet(*this, d, bytes, 0);
+  });
+}
+
+void Engine::drain_fault_tx() {
+  wire::HeldPacketSource* fe = fault_.load(std::memory_order_acquire);
+  if (fe == nullptr) return;
+  fe->drain_with(wire::Direction::kTx, [&](const wire::Endpoint&, const wire::Endpoint& dst,
+                                           std::span<const uint8_t> bytes) {
+    wire::TxDesc t;
+    t.dst = dst;
+    t.data = bytes.data();
+    t.len = static_cast<uint32_t>(bytes.size());
+    (void)port_->send_batch(std::span<const wire::TxDesc>(&t, 1));
+  });
+}
+
+// ---------------------------------------------------------------- timers
+
+void Engine::arm_timer(uint64_t deadline_ns) {
+  if (deadline_ns == 0) deadline_ns = 1;
+  if (deadline_ns >= armed_ns_.load(std::memory_order_acquire)) return;
+  std::lock_guard lk(timer_mu_);
+  if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
+  armed_ns_.store(deadline_ns, std::memory_order_release);
+  itimerspec its{};
+  its.it_value.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
+  its.it_value.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
+  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+void Engine::run_timers(uint64_t now_ns) {
+  {
+    std::lock_guard lk(timer_mu_);
+    armed_ns_.store(~uint64_t{0}, std::memory_order_release);
+  }
+  {
+    std::lock_guard lk(qps_mu_);
+    scan_.clear();
+    size_t w = 0;
+    for (size_t i = 0; i < qps_.size(); ++i) {
+      if (auto sp = qps_[i].lock()) {
+        scan_.push_back(std::move(sp));
+        qps_[w++] = qps_[i];
+      }
+    }
+    qps_.resize(w);
+  }
+  uint64_t next = ~uint64_t{0};
+  for (auto& qp : scan_) {
+    std::lock_guard lk(qp->send_mutex());
+    if (qp->comp_.dead) continue;
+    comp_on_timer(*this, *qp, now_ns);
+    const CompState& c = qp->comp_;
+    if (c.retrans_deadline_ns != 0) next = std::min(next, c.retrans_deadline_ns);
+    if (c.rnr_deadline_ns != 0) next = std::min(next, c.rnr_deadline_ns);
+  }
+  scan_.clear();
+  if (next != ~uint64_t{0}) arm_timer(next);
+}
+
+uint64_t Engine::next_deadline_ns() {
+  std::vector<std::shared_ptr<Qp>> v;
+  {
+    std::lock_guard lk(qps_mu_);
+    for (auto& w : qps_)
+      if (auto sp = w.lock()) v.push_back(std::move(sp));
+  }
+  uint64_t next = 0;
+  for (auto& qp : v) {
+    std::lock_guard lk(qp->send_mutex());
+    for (uint64_t d : {qp->comp_.retrans_deadline_ns, qp->comp_.rnr_deadline_ns})
+      if (d != 0 && (next == 0 || d < next)) next = d;
+  }
+  return next;
+}
+
+void Engine::register_qp(Qp& qp) {
+  if (qp.comp_.registered) return;
+  qp.comp_.registered = true;
+  std::lock_guard lk(qps_mu_);
+  qps_.push_back(qp.weak_from_this());
+}
+
+void Engine::unregister_qp(Qp& qp) {
+  if (!qp.comp_.registered) return;
+  qp.comp_.registered = false;
+  std::lock_guard lk(qps_mu_);
+  for (size_t i = 0; i < qps_.size(); ++i) {
+    auto sp = qps_[i].lock();
+    if (!sp || sp.get() == &qp) {
+      qps_[i] = qps_.back();
+      qps_.pop_back();
+      --i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- hooks
+
+void Engine::on_post_send(Qp& qp) { req_run(*this, qp); }
+
+void Engine::on_post_recv(Qp& qp) {
+  // RNR recovery is driven by the requester's RNR timer (IBA 9.7.5.2.8); nothing to do.
+  (void)qp;
+}
+
+void Engine::on_post_srq_recv(Srq& srq) { (void)srq; }
+
+namespace {
+
+void reset_transport(Qp& qp) {
+  ReqState& r = qp.req_;
+  r.ready = false;
+  r.psn = r.max_psn = 0;
+  r.pos = 0;
+  r.pkts_since_ackreq = 0;
+  r.rd_atomic_inflight = 0;
+  r.rnr_wait = false;
+  RespState& s = qp.resp_;
+  s.ready = false;
+  s.epsn = s.msn = 0;
+  s.nak_sent = s.uc_drop = false;
+  s.ack_pending = false;
+  s.cur = RespState::kNone;
+  s.have_wqe = false;
+  s.recv_offset = 0;
+  s.res.clear();
+  s.res_next = 0;
+  CompState& c = qp.comp_;
+  c.psn = 0;
+  c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
+  c.retry_latched = false;
+  c.src_latch.store(0, std::memory_order_relaxed);  // strict source check (recv.cc)
+}
+
+}  // namespace
+
+void Engine::on_modify(Qp& qp, QpState from, QpState to) {
+  const QpAttr& a = qp.attr();
+  const bool ud = qp.type() == QpType::kUd;
+  uint32_t port_mtu = 1024;
+  if (auto pa = dev_->query_port(1)) port_mtu = mtu_bytes(pa->active_mtu);
+  const uint32_t mtu = ud ? port_mtu : std::max<uint32_t>(mtu_bytes(a.path_mtu), 256);
+  const wire::Endpoint local = port_->local();
+  wire::Endpoint peer = wire::Endpoint::v4(qp.av().dest_ipv4, cfg_.udp_port);
+
+  if (to == QpState::kReset) {
+    reset_transport(qp);
+    return;
+  }
+  if (to == QpState::kInit && from == QpState::kReset) {
+    reset_transport(qp);
+    register_qp(qp);
+    return;
+  }
+  if (to == QpState::kRtr && from == QpState::kInit) {
+    RespState& s = qp.resp_;
+    s.epsn = a.rq_psn & wire::kPsnMask;
+    s.msn = 0;
+    s.mtu = mtu;
+    s.nak_sent = s.uc_drop = false;
+    s.cur = RespState::kNone;
+    s.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    s.res.assign(a.max_dest_rd_atomic, RespRes{});  // control path: allocation is fine
+    s.res_next = 0;
+    s.dst = peer;
+    s.meta = make_meta(local, peer);
+    s.ready = true;
+    return;
+  }
+  if (to == QpState::kRts || to == QpState::kSqd) {
+    ReqState& r = qp.req_;
+    CompState& c = qp.comp_;
+    if (from == QpState::kRtr) {
+      r.psn = r.max_psn = a.sq_psn & wire::kPsnMask;
+      c.psn = r.psn;
+      r.pos = 0;
+      r.pkts_since_ackreq = 0;
+      r.rd_atomic_inflight = 0;
+      r.rnr_wait = false;
+      r.dst = peer;
+      r.meta = make_meta(local, peer);
+      r.mtu = mtu;
+      r.ready = true;
+    }
+    // Attributes an RTS->RTS / SQD->RTS modify may change.
+    r.max_rd_atomic = std::max<uint32_t>(a.max_rd_atomic, 1);
+    c.retry_cnt = a.retry_cnt;
+    c.rnr_retry = a.rnr_retry;
+    c.retry_left = a.retry_cnt;
+    c.rnr_left = a.rnr_retry;
+    c.timeout_ns = ack_timeout_ns(a.timeout);
+    if (to == QpState::kSqd && from != QpState::kSqd) {
+      // emu reports an SQ that is empty now; the transports report a later drain.
+      c.sqd_notified = qp.sq().empty();
+      comp_check_sq_drained(qp);
+    } else if (to == QpState::kRts) {
+      c.sqd_notified = true;
+      if (from == QpState::kSqd) {
+        // WQEs posted while draining start now, from the progress thread (the requester
+        // cannot run inside modify_qp: it may need to fail the QP, which takes both locks).
+        c.kick = true;
+        arm_timer(wire::monotonic_ns());
+      }
+    }
+    return;
+  }
+  if (to == QpState::kErr || to == QpState::kSqe) {
+    CompState& c = qp.comp_;
+    c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
+    qp.req_.pos = 0;
+    qp.req_.rnr_wait = false;
+    qp.req_.rd_atomic_inflight = 0;
+    // An ACK still owed for requests executed before the error goes out at batch end.
+    if (to == QpState::kErr) resp_flush_held(qp);
+    return;
+  }
+}
+
+void Engine::on_destroy(Qp& qp) {
+  qp.comp_.dead = true;
+  qp.req_.ready = false;
+  qp.resp_.ready = false;
+  qp.comp_.retrans_deadline_ns = qp.comp_.rnr_deadline_ns = 0;
+  unregister_qp(qp);
+}
+
+void Engine::on_poll_empty(Cq& cq) {
+  (void)cq;
+  if (cfg_.busy_poll_ns != 0 && cfg_.progress_thread && port_->wait_fd() >= 0 &&
+      fault_.load(std::memory_order_relaxed) == nullptr) {
+    const uint64_t now = wire::monotonic_ns();
+    inline_poll_ns_.store(now, std::memory_order_release);
+    // First poll of a busy-poll run: take the socket from the progress thread, which
+    // re-checks busy_poll_ns after the last poll (the timer is armed after the epoll change,
+    // so a racing re-watch is always followed by another check).
+    bool watched = true;
+    if (rx_watched_.load(std::memory_order_relaxed) &&
+        rx_watched_.compare_exchange_strong(watched, false, std::memory_order_acq_rel)) {
+      watch_rx(false);
+      arm_defer(now + cfg_.busy_poll_ns);
+    }
+  }
+  try_poll_rx(64);
+}
+
+}  // namespace rnic::emu

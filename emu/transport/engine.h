@@ -1,0 +1,263 @@
+// emu/transport/engine.h: the per-device transport engine. It owns the device's wire::Port (a real
+// UdpPort, or a MemPort in tests), implements TransportHooks (requester inline on post_send,
+// receive drain inline on poll of an empty CQ), and runs a progress thread (epoll over the
+// port's fd + a timerfd for retransmit/RNR timers + an eventfd for stop) for everything else.
+//
+// HOW A DEVICE GETS ITS ENGINE
+//   auto dev = Device::open(cfg).value();             // cfg.ip = "127.0.0.2"
+//   auto eng = Engine::start(dev, EngineConfig{});    // UdpPort on cfg.ip:4791,
+//                                                     // dev->set_hooks(eng), dev->set_engine(eng),
+//                                                     // progress thread running
+//   ... verbs ... (Qp::post_send / post_recv / Cq::poll / req_notify are thread-safe)
+//   eng->stop();      // optional: joins the thread, detaches hooks; idempotent
+//   dev->close();     // or just drop the device: ~Device destroys the engine last-but-tables
+// Tests use Engine::start_with_port(dev, mem_port, cfg) with cfg.progress_thread = false
+// and drive it by hand with poll_rx() and run_timers().
+//
+// THREADING
+//  * post_send: the requester runs in the posting thread under the QP's send lock and hands
+//    each batch of packets to the port with one send_batch.
+//  * receive: one thread at a time drains the port (rx_mu_): the progress thread (blocking
+//    lock) or a poll_cq caller on an empty CQ (try-lock, never blocks). Each packet takes
+//    only its QP's receive lock (responder) or send lock (completer).
+//  * busy poll: poll_cq on an empty CQ stamps the time; the first such poll takes the socket
+//    out of the progress thread's epoll set and arms a timerfd, so a busy-polling app is not
+//    interrupted by a progress-thread wake per packet. When no poll happened for
+//    busy_poll_ns the progress thread watches the socket again and drains it.
+//  * timers: per-QP deadlines in CompState; the engine keeps one timerfd armed at the
+//    earliest one and the progress thread scans the registered QPs when it fires.
+// Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
+// device's receive lock of DESIGN.md; the timer lock is taken only to move the deadline
+// earlier).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "emu/objects/counters.h"
+#include "emu/objects/device.h"
+#include "emu/objects/hooks.h"
+#include "emu/objects/status.h"
+#include "wire/port.h"
+
+namespace rnic::emu {
+
+
+struct EngineConfig {
+  // Bind address; empty = the device's configured IPv4 (DeviceConfig::ip).
+  std::string ip;
+  // UDP port to bind and to send to (RoCEv2: 4791). Tests may use another.
+  uint16_t udp_port = wire::kRoceUdpPort;
+  // Start the progress thread (timers, background receive, completion events).
+  bool progress_thread = true;
+  // UDP GSO on send / GRO on receive (UdpPort): equal-sized packets of a message leave in one
+  // sendmsg and arrive coalesced. Off = one datagram per packet.
+  bool gso = true;
+  // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
+  // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
+  // such poll (timers still run). 0 = the progress thread always receives. Off by default:
+  // at 20'000 ib_send_lat improves (typical 15 us vs 26-30) but conf_srq_pingpong_chk_4k
+  // hung 2 times in 11 runs (server side), not yet explained.
+  uint32_t busy_poll_ns = 0;
+  // Socket buffer sizes asked of the UdpPort (best effort).
+  int rcvbuf = 8 << 20;
+  int sndbuf = 4 << 20;
+};
+
+// Builds outgoing packets back to back in one arena and hands them to the port in one
+// send_batch. Consecutive packets of equal size to the same destination are merged into one
+// UDP GSO descriptor when the port allows it (set_gso); packet k of such a run leaves with
+// IPv4 ID k, so the builder asks ip_id_for() before computing the packet's ICRC.
+// Not thread-safe: one per thread (tx_batch_for_thread()) or per context.
+class TxBatch {
+ public:
+  static constexpr int kMaxDescs = 128;
+  static constexpr uint32_t kSlotBytes = 4096 + 128;  // largest packet: MTU + headers + ICRC
+  static constexpr size_t kArenaBytes = 128 * 1024 + 64 * kSlotBytes;
+  static constexpr uint32_t kMaxGsoBytes = 65507 - 8;  // one UDP datagram
+  static constexpr uint32_t kMinGsoSegment = 512;     // runs of smaller packets are not merged
+  TxBatch();
+  // Largest GSO run (1 = no GSO). Set from Port::max_gso_segments() before building.
+  void set_gso(int max_segments) { gso_max_ = max_segments < 1 ? 1 : max_segments; }
+  // Buffer for the next packet (room for kSlotBytes). REQUIRES: !full().
+  uint8_t* next() { return mem_.get() + used_; }
+  // The IPv4 ID the next packet (len bytes, to dst) will leave with: its index in the GSO
+  // run it joins, or 0.
+  uint16_t ip_id_for(const wire::Endpoint& dst, uint32_t len) const {
+    return joins_run(dst, len) ? static_cast<uint16_t>(segs_) : 0;
+  }
+  void commit(const wire::Endpoint& dst, uint32_t len) {
+    if (joins_run(dst, len)) {
+      wire::TxDesc& d = descs_[n_ - 1];
+      d.len += len;
+      d.gso_size = static_cast<uint16_t>(seg_);
+      ++segs_;
+      if (len < seg_) run_open_ = false;  // a short segment must be the run's last
+    } else {
+      descs_[n_] = wire::TxDesc{dst, next(), len, 0};
+      ++n_;
+      seg_ = len;
+      segs_ = 1;
+      run_open_ = true;
+    }
+    used_ += len;
+  }
+  bool full() const { return n_ == kMaxDescs || used_ + kSlotBytes > kArenaBytes; }
+  int size() const { return n_; }
+  // Sends everything queued (retrying partial sends); returns descriptors handed over.
+  int flush(wire::Port& port, Counters& dev_ctr);
+
+ private:
+  bool joins_run(const wire::Endpoint& dst, uint32_t len) const {
+    // Small packets (ACKs) gain nothing from GSO; keeping them single also keeps captures
+    // and filters, which cannot see IP IDs, exact for them.
+    if (gso_max_ <= 1 || n_ == 0 || !run_open_ || seg_ < kMinGsoSegment) return false;
+    const wire::TxDesc& d = descs_[n_ - 1];
+    return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
+           d.len + len <= kMaxGsoBytes && d.dst == dst;
+  }
+  std::unique_ptr<uint8_t[]> mem_;
+  wire::TxDesc descs_[kMaxDescs];
+  int n_ = 0;
+  size_t used_ = 0;
+  int gso_max_ = 1;
+  uint32_t seg_ = 0, segs_ = 0;
+  bool run_open_ = false;
+};
+
+// The calling thread's TxBatch (allocated on first use, then reused).
+TxBatch& tx_batch_for_thread();
+
+class Engine final : public TransportHooks {
+ public:
+  // Opens a UdpPort on cfg.ip (or the device's IP) : cfg.udp_port, installs the engine as
+  // dev's hooks and engine, starts the progress thread. Errors: EADDRINUSE/EADDRNOTAVAIL...
+  // from the socket, EINVAL for a bad IP, EBUSY if the device already has hooks.
+  static Result<std::shared_ptr<Engine>> start(const std::shared_ptr<Device>& dev,
+                                               const EngineConfig& cfg);
+  // Same with a caller-made port (MemPort in tests); cfg.ip is ignored.
+  static Result<std::shared_ptr<Engine>> start_with_port(const std::shared_ptr<Device>& dev,
+                                                         std::unique_ptr<wire::Port> port,
+                                                         const EngineConfig& cfg);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Stops the progress thread and detaches from the device's hooks. Idempotent. After it,
+  // posted WQEs stay queued and nothing is received.
+  void stop();
+
+  Device& device() { return *dev_; }
+  wire::Port& port() { return *port_; }
+  const EngineConfig& config() const { return cfg_; }
+  // Device-wide counters (sum over QPs, plus drops before a QP is known).
+  Counters& counters() { return ctr_; }
+  // Optional fault engine whose held/injected packets must be drained after port I/O
+  // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned; install before traffic starts.
+  void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
+
+  // ---- manual driving (tests; also used by the progress thread) ----
+  // Drains the port until it is empty or `budget` datagrams were handled; blocks on the
+  // receive lock. Returns datagrams handled.
+  int poll_rx(int budget = 1 << 30);
+  // Like poll_rx but gives up at once if another thread is receiving.
+  int try_poll_rx(int budget = 1 << 30);
+  // Runs every retransmit / RNR timer due at `now_ns` (CLOCK_MONOTONIC). Tests pass a time
+  // far in the future to fire armed timers deterministically.
+  void run_timers(uint64_t now_ns);
+  // Earliest armed deadline (ns) over registered QPs, 0 if none.
+  uint64_t next_deadline_ns();
+
+  // ---- TransportHooks ----
+  void on_post_send(Qp& qp) override;
+  void on_post_recv(Qp& qp) override;
+  void on_post_srq_recv(Srq& srq) override;
+  void on_modify(Qp& qp, QpState from, QpState to) override;
+  void on_destroy(Qp& qp) override;
+  void on_poll_empty(Cq& cq) override;
+
+  // ---- used by req/comp/resp/recv (same library) ----
+  // Ask for a timer wake-up at deadline_ns (no-op if an earlier one is armed).
+  void arm_timer(uint64_t deadline_ns);
+  // Sends a batch the caller built (counts send errors).
+  void flush(TxBatch& b) {
+    if (b.size() > 0) b.flush(*port_, ctr_);
+    if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
+  }
+  // The receive context's batch (REQUIRES: rx_mu_ held, i.e. inside poll_rx).
+  TxBatch& rx_batch() { return *rx_tx_; }
+  // The calling thread's batch, GSO set up for this engine's port.
+  TxBatch& tx_batch() {
+    TxBatch& b = tx_batch_for_thread();
+    b.set_gso(gso_ ? port_->max_gso_segments() : 1);
+    return b;
+  }
+  uint16_t local_udp_port() const { return port_->local().port; }
+  // Responder ACK coalescing: remember qp until the end of this receive batch. false if the
+  // list is full (the caller sends the ACK at once). REQUIRES: receive context.
+  bool defer_ack(Qp& qp) {
+    if (ack_qps_.size() >= kMaxDeferredAcks) return false;
+    ack_qps_.push_back(qp.shared_from_this());
+    return true;
+  }
+
+ private:
+  Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
+  Status init();
+  void progress_loop();
+  int drain_locked(int budget);
+  void drain_fault_rx_locked();
+  void drain_fault_tx();
+  void register_qp(Qp& qp);
+  void unregister_qp(Qp& qp);
+  void watch_rx(bool on);
+  void arm_defer(uint64_t deadline_ns);
+
+  Device* dev_;  // the device owns the engine (Device::set_engine) and outlives it
+  std::unique_ptr<wire::Port> port_;
+  EngineConfig cfg_;
+  Counters ctr_;
+  std::atomic<wire::HeldPacketSource*> fault_{nullptr};
+  bool gso_ = true;
+
+  // receive context
+  std::mutex rx_mu_;
+  static constexpr int kRxBatch = 32;
+  static constexpr uint32_t kRxBufBytes = 65536;  // a GRO buffer holds many datagrams
+  std::unique_ptr<uint8_t[]> rx_mem_;
+  wire::RxDesc rx_descs_[kRxBatch];
+  std::unique_ptr<TxBatch> rx_tx_;
+  static constexpr size_t kMaxDeferredAcks = 256;
+  std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
+  void flush_acks_locked();
+
+  // timers
+  std::mutex timer_mu_;
+  std::atomic<uint64_t> armed_ns_{~uint64_t{0}};
+  int timer_fd_ = -1;
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+
+  // busy-poll hand-off (EngineConfig::busy_poll_ns)
+  int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
+  std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
+  std::atomic<bool> rx_watched_{true};        // socket in the epoll set
+
+  // QPs with timers (weak: the device owns QPs)
+  std::mutex qps_mu_;
+  std::vector<std::weak_ptr<Qp>> qps_;
+  std::vector<std::shared_ptr<Qp>> scan_;  // progress-thread scratch (capacity kept)
+
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+  std::mutex stop_mu_;
+};
+
+}  // namespace rnic::emu

@@ -1,0 +1,172 @@
+// emu/transport/recv.cc: ingress checks in the order of checks-and-faults §2.1 (ICRC first), then
+// dispatch to resp (requests) or comp (responses).
+#include "emu/transport/recv.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "emu/transport/comp.h"
+#include "emu/objects/device.h"
+#include "emu/transport/engine.h"
+#include "emu/transport/resp.h"
+#include "wire/icrc.h"
+#include "wire/packet.h"
+#include "wire/psn.h"
+
+namespace rnic::emu {
+
+namespace {
+
+bool type_matches(QpType t, uint8_t opcode) {
+  switch (t) {
+    case QpType::kRc: return wire::is_rc(opcode);
+    case QpType::kUc: return wire::is_uc(opcode);
+    case QpType::kUd: return wire::is_ud(opcode);
+  }
+  return false;
+}
+
+// P_Key match (IBA 10.9.3): base keys equal and at least one full member. The only table
+// entry is the full-member default 0xFFFF.
+bool pkey_ok(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }
+
+enum class AddrCheck : uint8_t { kOk, kBadIp, kBadPort };
+
+// RC/UC address binding (rxe check_addr): the packet came from the QP's peer to us. With the
+// opt-in strict source check (DeviceConfig::strict_src) the UDP source port must also match:
+// a fixed port, or the port latched from the first packet that passed the IP check.
+// REQUIRES: one of the QP's locks (av()).
+AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
+  if (qp.type() == QpType::kUd) return AddrCheck::kOk;
+  const Av& av = qp.av();
+  if (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4) return AddrCheck::kBadIp;
+  const bool dst_known = d.dst.ipv6 || d.dst.v4_host() != 0;
+  if (dst_known && (d.dst.ipv6 || d.dst.v4_host() != e.device().ipv4())) return AddrCheck::kBadIp;
+  const uint32_t mode = e.device().strict_src_mode();
+  if (mode == 0) return AddrCheck::kOk;
+  const uint32_t port = d.src.port;
+  if (mode & Device::kStrictFixed)
+    return port == (mode & 0xffffu) ? AddrCheck::kOk : AddrCheck::kBadPort;
+  // Latch: requests (receive lock) and responses (send lock) may race for the first packet.
+  const uint32_t want = 0x10000u | port;
+  uint32_t cur = 0;
+  if (qp.comp_.src_latch.compare_exchange_strong(cur, want, std::memory_order_relaxed))
+    return AddrCheck::kOk;
+  return cur == want ? AddrCheck::kOk : AddrCheck::kBadPort;
+}
+
+// Counts a failed address check (IP mismatch or strict source port).
+void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc) {
+  bump(qc, dc, a == AddrCheck::kBadPort ? Ctr::kDropSrcPort : Ctr::kDropAddr);
+}
+
+}  // namespace
+
+void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
+                 uint32_t seg_index) {
+  Counters& dc = e.counters();
+  // 1. ICRC first: a corrupted packet must never touch QP state (§2.1 item 7).
+  if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) {
+    dc.add(Ctr::kDropMalformed);
+    return;
+  }
+  wire::IpUdpMeta meta;
+  meta.ipv6 = d.src.ipv6;
+  std::memcpy(meta.src, d.src.addr, 16);
+  std::memcpy(meta.dst, d.dst.addr, 16);
+  meta.src_port = d.src.port;
+  meta.dst_port = d.dst.port;
+  meta.ip_id = static_cast<uint16_t>(d.ip_id + seg_index);
+  meta.df = true;
+  if (!wire::icrc_check(meta, roce)) {
+    // IP-ID policy: segment k of a GRO buffer normally left with ID base+k (a GSO sender);
+    // peers that send every packet with ID 0 (hardware, rxe) coalesce too, so try 0 as well.
+    meta.ip_id = 0;
+    bool ok = seg_index != 0 && wire::icrc_check(meta, roce);
+    // A port filter (fault injection, capture) splits GRO buffers and hands the segments
+    // back without their index, so a GSO peer's segment k arrives with ID unknown: solve for
+    // it (CRC is affine in the ID; a random corruption passes with p ~ 2^-16, fault mode only).
+    if (!ok && e.port().max_gso_segments() == 1 && e.config().gso)
+      ok = wire::icrc_solve_ip_id(meta, roce).has_value();
+    if (!ok) {
+      dc.add(Ctr::kIcrcErr);
+      return;
+    }
+  }
+  // 2. Parse (lengths, TVer, opcode).
+  wire::PacketView p;
+  if (wire::parse_roce(roce, &p) != wire::ParseError::kOk) {
+    dc.add(Ctr::kDropMalformed);
+    return;
+  }
+  const bool is_req = p.has(wire::kReqMask);
+  if (!is_req && !p.has(wire::kAckMask)) {  // CNP and the like: nothing to do
+    dc.add(Ctr::kDropBadState);
+    return;
+  }
+  // 3. QPN (0 and the multicast QPN are not served).
+  const auto bth = p.bth();
+  const uint32_t qpn = bth.dest_qp();
+  if (qpn == 0 || qpn == wire::kPsnMask) {
+    dc.add(Ctr::kDropUnknownQpn);
+    return;
+  }
+  std::shared_ptr<Qp> qp = e.device().find_qp(qpn);
+  if (!qp) {
+    dc.add(Ctr::kDropUnknownQpn);
+    return;
+  }
+  Counters& qc = qp->comp_.ctr;
+  // 4. QP type vs opcode class, QP state (requests: responder in RTR or later; responses:
+  // requester in RTS/SQD).
+  const QpState st = qp->state();
+  const bool state_ok = is_req ? (st == QpState::kRtr || st == QpState::kRts ||
+                                  st == QpState::kSqd || st == QpState::kSqe)
+                               : (st == QpState::kRts || st == QpState::kSqd);
+  if (!type_matches(qp->type(), p.opcode) || !state_ok) {
+    bump(qc, dc, Ctr::kDropBadState);
+    return;
+  }
+  // 5. P_Key.
+  if (!pkey_ok(bth.pkey())) {
+    bump(qc, dc, Ctr::kBadPkeyCntr);
+    e.device().count_bad_pkey();
+    return;
+  }
+
+  if (is_req) {
+    RespOutcome out;
+    {
+      std::lock_guard lk(qp->recv_mutex());
+      if (qp->comp_.dead) return;
+      // 6. Address binding (RC/UC) and Q_Key (UD).
+      if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+        count_addr_drop(a, qc, dc);
+        return;
+      }
+      if (qp->type() == QpType::kUd && p.deth().qkey() != qp->attr().qkey) {
+        bump(qc, dc, Ctr::kQkeyViolCntr);
+        e.device().count_qkey_viol();
+        return;
+      }
+      bump(qc, dc, Ctr::kRcvdPkts);
+      out = resp_on_packet(e, *qp, p, d);
+    }
+    if (out == RespOutcome::kFatal) {
+      // Class A/C/G/J: the responder's QP goes to ERR. Lock order is send -> receive.
+      std::scoped_lock lk(qp->send_mutex(), qp->recv_mutex());
+      if (!qp->comp_.dead && qp->state() != QpState::kErr) qp->enter_error_locked(false);
+    }
+    return;
+  }
+  std::lock_guard lk(qp->send_mutex());
+  if (qp->comp_.dead) return;
+  if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+    count_addr_drop(a, qc, dc);
+    return;
+  }
+  bump(qc, dc, Ctr::kRcvdPkts);
+  comp_on_packet(e, *qp, p);
+}
+
+}  // namespace rnic::emu

@@ -1,0 +1,60 @@
+// emu/transport/req.h: the requester (IBA ch. 9 "requester" role; rxe_req.c): turns send WQEs into
+// packets — segmentation by path MTU, PSN assignment, AckReq, fences, initiator depth, the
+// RC window — executes local ops (LOCAL_INV, BIND_MW) inline, and goes back N on retry.
+// Also the packet-writing helpers shared by requester and responder.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "emu/objects/qp.h"
+#include "wire/icrc.h"
+#include "wire/packet.h"
+
+namespace rnic::emu {
+
+class Engine;
+
+// Most PSNs the requester runs ahead of the oldest unacknowledged one (rxe: 128; 512 keeps a
+// loopback pipe full at 4 KiB MTU while fitting the 8 MiB socket buffers).
+inline constexpr uint32_t kMaxUnackedPsns = 512;
+// AckReq at least every this many packets of one QP (rxe RXE_MAX_PKT_PER_ACK).
+inline constexpr uint32_t kMaxPktsPerAck = 64;
+
+// Emits packets for the QP's send queue from req_.pos on, as far as the window, fences,
+// initiator depth and RNR wait allow, then retires completed WQEs (comp_retire).
+// REQUIRES: qp's send lock held. Hot path: no allocation.
+void req_run(Engine& e, Qp& qp);
+
+// Go-back-N: rewind to comp_.psn. WQEs not yet fully acknowledged are re-armed; a partially
+// acknowledged SEND/WRITE resumes at its first unacknowledged packet and a partially
+// answered READ is re-issued for its remaining bytes. REQUIRES: send lock.
+void req_retry(Engine& e, Qp& qp);
+
+// Number of packets (= PSNs) a message of `len` bytes takes at `mtu` (at least 1).
+inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {
+  return len == 0 ? 1u : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+
+// ---- packet writing (requester and responder) ----
+// Writes BTH and the extension headers opcode f.opcode carries (opcode table), with
+// pad_cnt computed from payload_len. Returns the header length (0 for an unknown opcode).
+// The caller then places payload_len bytes at buf + header length and calls finish_packet.
+size_t put_headers(uint8_t* buf, const wire::PacketFields& f, size_t payload_len);
+// Bytes of the packet on the wire (headers, payload, pad, ICRC).
+inline uint32_t packet_len(size_t hdr_len, size_t payload_len) {
+  return static_cast<uint32_t>(hdr_len + payload_len + (4 - payload_len % 4) % 4 + 4);
+}
+// Zeroes the pad, appends the ICRC computed with meta and IPv4 ID ip_id (the packet's index
+// in a GSO run, TxBatch::ip_id_for); returns the total UDP payload length.
+uint32_t finish_packet(uint8_t* buf, size_t hdr_len, size_t payload_len,
+                       const wire::IpUdpMeta& meta, uint16_t ip_id = 0);
+// Copies len bytes into the scatter list sges[0..n) starting at byte `offset` of the list,
+// checking each piece locally (lkey, PD, LOCAL_WRITE, range). kLocLenErr if the list is too
+// short; the local error status of the failed piece otherwise.
+WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
+                      const uint8_t* data, uint64_t len);
+// ICRC metadata for a packet from `src` to `dst` (IP ID 0, DF: what UdpPort sends).
+wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst);
+
+}  // namespace rnic::emu

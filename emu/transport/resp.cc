@@ -1,0 +1,692 @@
+// emu/transport/resp.cc: the responder state machine (rxe_resp.c order: PSN, opcode sequence, access,
+// resources, length, rkey, execute, complete, acknowledge) with the error classes mapped to
+// NAK syndromes and receive completions in one place; duplicate replay; UD delivery.
+#include "emu/transport/resp.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "emu/objects/device.h"
+#include "emu/transport/engine.h"
+#include "emu/objects/mr.h"
+#include "emu/objects/mw.h"
+#include "emu/transport/req.h"
+#include "wire/byteorder.h"
+#include "wire/psn.h"
+
+namespace rnic::emu {
+
+using wire::psn_add;
+using wire::psn_diff;
+namespace op = wire::op;
+namespace aeth = wire::aeth;
+
+namespace {
+
+constexpr uint32_t kMaxDmaLen = 1u << 31;  // IBA: RETH DMA length <= 2^31
+
+// Responder steps and outcomes (rxe enum resp_states, trimmed).
+enum class Step : uint8_t {
+  kCheckPsn,
+  kCheckOpSeq,
+  kCheckOpValid,
+  kCheckResource,
+  kCheckLength,
+  kCheckRkey,
+  kExecute,
+  kComplete,
+  kAcknowledge,
+  kDone,
+  // outcomes other than success
+  kDrop,            // silent (Class D/E, UC errors, PSN ahead after the one NAK)
+  kDuplicate,       // PSN behind ePSN
+  kRnr,             // no receive WQE (RC): RNR NAK
+  kErrInvReq,       // Class C: Invalid Request NAK, QP -> ERR
+  kErrLength,       // receive buffer too short: recv WC, Invalid Request NAK, QP -> ERR
+  kErrRkey,         // Class C: Remote Access NAK, QP -> ERR
+  kErrRecvProt,     // Class A: receive SGE failed its local check: Remote Op NAK, QP -> ERR
+  kErrCqOverflow,   // Class G: QP -> ERR
+  kErrInvalidate,   // Class J: SEND_WITH_INV could not invalidate: recv WC, QP -> ERR
+  kErrNakSent,      // a READ response failed its rkey re-check: NAK already sent, QP -> ERR
+};
+[[maybe_unused]] constexpr std::array<const char*, 20> kStepNames = {
+    "CHECK_PSN",  "CHECK_OP_SEQ", "CHECK_OP_VALID", "CHECK_RESOURCE", "CHECK_LENGTH",
+    "CHECK_RKEY", "EXECUTE",      "COMPLETE",       "ACKNOWLEDGE",    "DONE",
+    "DROP",       "DUPLICATE",    "RNR",            "ERR_INV_REQ",    "ERR_LENGTH",
+    "ERR_RKEY",   "ERR_RECV_PROT", "ERR_CQ_OVERFLOW", "ERR_INVALIDATE", "ERR_NAK_SENT"};
+
+// Per-packet context.
+struct Pkt {
+  const wire::PacketView& p;
+  const wire::RxDesc& d;
+  uint32_t mask;
+  uint32_t psn;
+  uint32_t plen;
+};
+
+Counters& dctr(Engine& e) { return e.counters(); }
+
+// ---- output ----
+
+void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
+               uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
+               bool* mem_ok = nullptr) {
+  RespState& s = qp.resp_;
+  TxBatch& tx = e.rx_batch();
+  if (tx.full()) e.flush(tx);
+  uint8_t* buf = tx.next();
+  size_t hl = put_headers(buf, f, plen);
+  if (plen > 0) {
+    if (mem != nullptr) {
+      if (!mem->read(host, buf + hl, plen)) {
+        if (mem_ok != nullptr) *mem_ok = false;
+        return;
+      }
+    } else if (payload != nullptr) {
+      std::memcpy(buf + hl, payload, plen);
+    }
+  }
+  const uint32_t len = packet_len(hl, plen);
+  finish_packet(buf, hl, plen, s.meta, tx.ip_id_for(s.dst, len));
+  tx.commit(s.dst, len);
+  bump(qp.comp_.ctr, dctr(e), Ctr::kSentPkts);
+}
+
+void emit_pending_ack(Engine& e, Qp& qp) {
+  RespState& s = qp.resp_;
+  if (!s.ack_pending) return;
+  s.ack_pending = false;
+  wire::PacketFields f;
+  f.opcode = op::kRcAcknowledge;
+  f.dest_qp = qp.attr().dest_qp_num;
+  f.psn = s.ack_psn;
+  f.syndrome = aeth::ack(aeth::kCreditInvalid);
+  f.msn = s.ack_msn;
+  queue_raw(e, qp, f, nullptr, 0);
+}
+
+// Every packet the responder sends goes after the ACK it still owes (PSN/MSN order).
+void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
+                  uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
+                  bool* mem_ok = nullptr) {
+  emit_pending_ack(e, qp);
+  queue_raw(e, qp, f, payload, plen, mem, host, mem_ok);
+}
+
+// Owes an ACK for psn: coalesced with later ones until the receive batch ends.
+void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
+  RespState& s = qp.resp_;
+  if (s.ack_pending) bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+  s.ack_pending = true;
+  s.ack_psn = psn;
+  s.ack_msn = s.msn;
+  if (!s.ack_listed) {
+    if (e.defer_ack(qp)) {
+      s.ack_listed = true;
+    } else {
+      emit_pending_ack(e, qp);  // list full: send it now
+    }
+  }
+}
+
+void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
+  wire::PacketFields f;
+  f.opcode = op::kRcAcknowledge;
+  f.dest_qp = qp.attr().dest_qp_num;
+  f.psn = psn;
+  f.syndrome = syndrome;
+  f.msn = qp.resp_.msn;
+  queue_packet(e, qp, f, nullptr, 0);
+}
+
+void send_nak(Engine& e, Qp& qp, uint8_t code, uint32_t psn) {
+  bump(qp.comp_.ctr, dctr(e), Ctr::kNakSent);
+  if (code == aeth::kNakRemoteAccessError) bump(qp.comp_.ctr, dctr(e), Ctr::kRemAccessNakSent);
+  send_ack(e, qp, aeth::nak(code), psn);
+}
+
+// READ responses for [va, va+len) starting at psn, one per PSN, rkey re-validated for every
+// packet (rxe_recheck_mr; S19). On failure *fail_psn is the PSN that could not be answered.
+bool send_read_responses(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va,
+                         uint32_t len, uint32_t msn, uint32_t* fail_psn) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  const uint32_t mtu = s.mtu;
+  const uint32_t n = num_pkts(len, mtu);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t plen = std::min<uint32_t>(mtu, len - i * mtu);
+    wire::PacketFields f;
+    f.opcode = n == 1            ? op::kRcRdmaReadResponseOnly
+               : i == 0          ? op::kRcRdmaReadResponseFirst
+               : i == n - 1      ? op::kRcRdmaReadResponseLast
+                                 : op::kRcRdmaReadResponseMiddle;
+    f.dest_qp = qp.attr().dest_qp_num;
+    f.psn = psn_add(psn, i);
+    f.syndrome = aeth::ack(aeth::kCreditInvalid);
+    f.msn = msn;
+    if (plen == 0) {
+      queue_packet(e, qp, f, nullptr, 0);
+      continue;
+    }
+    RemoteTarget t;
+    RkeyResult rk = check_remote(dev.keys(), rkey, qp.pd().get(), qp.qpn(), va + uint64_t{i} * mtu,
+                                 plen, kAccessRemoteRead, &t);
+    bool ok = rk == RkeyResult::kOk;
+    if (ok) queue_packet(e, qp, f, nullptr, plen, &dev.mem(), t.host_addr, &ok);
+    if (!ok) {
+      *fail_psn = f.psn;
+      return false;
+    }
+  }
+  return true;
+}
+
+void send_atomic_ack(Engine& e, Qp& qp, uint32_t psn, uint64_t orig, uint32_t msn) {
+  wire::PacketFields f;
+  f.opcode = op::kRcAtomicAcknowledge;
+  f.dest_qp = qp.attr().dest_qp_num;
+  f.psn = psn;
+  f.syndrome = aeth::ack(aeth::kCreditInvalid);
+  f.msn = msn;
+  f.orig = orig;
+  queue_packet(e, qp, f, nullptr, 0);
+}
+
+// ---- receive WQEs ----
+
+// Takes the next receive WQE (SRQ or own RQ) into s.wqe / s.sges.
+bool take_wqe(Qp& qp) {
+  RespState& s = qp.resp_;
+  if (qp.srq()) {
+    if (!qp.srq()->pop(&s.wqe, s.sges)) return false;
+  } else {
+    Ring<RecvWqe>& rq = qp.rq();
+    if (rq.empty()) return false;
+    const RecvWqe& h = rq.head();
+    s.wqe = h;
+    uint32_t n = std::min<uint32_t>(h.num_sge, kMaxSge);
+    for (uint32_t i = 0; i < n; ++i) s.sges[i] = h.sge[i];
+    s.wqe.num_sge = n;
+    rq.pop();
+  }
+  s.wqe.sge = s.sges;
+  s.have_wqe = true;
+  s.recv_offset = 0;
+  return true;
+}
+
+Cqe recv_cqe(const Qp& qp, WcStatus st) {
+  const RespState& s = qp.resp_;
+  Cqe c;
+  c.wr_id = s.wqe.wr_id;
+  c.status = st;
+  c.opcode = WcOpcode::kRecv;
+  c.qp_num = qp.qpn();
+  c.src_qp = qp.attr().dest_qp_num;
+  c.byte_len = static_cast<uint32_t>(s.recv_offset);
+  return c;
+}
+
+// Completes the held WQE with an error status (pushes regardless of signaling).
+void complete_held_error(Qp& qp, WcStatus st) {
+  RespState& s = qp.resp_;
+  if (!s.have_wqe) return;
+  Cqe c = recv_cqe(qp, st);
+  if (qp.recv_cq()) (void)qp.recv_cq()->push(c);
+  s.have_wqe = false;
+  s.cur = RespState::kNone;
+}
+
+// UC: abandon the message in progress; a held WQE is kept for the next message.
+void uc_abort(Qp& qp) {
+  RespState& s = qp.resp_;
+  s.cur = RespState::kNone;
+  s.recv_offset = 0;
+}
+
+// ---- checks ----
+
+Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  const int32_t d = psn_diff(k.psn, s.epsn);
+  if (qp.type() == QpType::kUc) {
+    const bool start = k.mask & wire::kStartMask;
+    if (d != 0 || s.uc_drop) {
+      if (!start) {
+        // IBA 9.7.5.1.1 (UC): a gap drops everything up to the next FIRST/ONLY.
+        if (d != 0) bump(qp.comp_.ctr, dctr(e), Ctr::kOutOfSeqRequest);
+        s.uc_drop = true;
+        uc_abort(qp);
+        s.epsn = psn_add(k.psn, 1);
+        return Step::kDrop;
+      }
+      if (s.cur != RespState::kNone) uc_abort(qp);
+      s.uc_drop = false;
+      s.epsn = k.psn;
+    }
+    return Step::kCheckOpSeq;
+  }
+  if (d > 0) {
+    // Class B: one PSN-sequence NAK per gap (sent_psn_nak latch), then silent drops.
+    bump(qp.comp_.ctr, dctr(e), Ctr::kOutOfSeqRequest);
+    if (!s.nak_sent) {
+      s.nak_sent = true;
+      send_nak(e, qp, aeth::kNakPsnSeqError, s.epsn);
+    }
+    return Step::kDrop;
+  }
+  if (d < 0) return Step::kDuplicate;
+  s.nak_sent = false;
+  return Step::kCheckOpSeq;
+}
+
+Step check_op_seq(Qp& qp, const Pkt& k) {
+  const RespState& s = qp.resp_;
+  const bool start = k.mask & wire::kStartMask;
+  switch (s.cur) {
+    case RespState::kNone:
+      if (!start) return Step::kErrInvReq;
+      break;
+    case RespState::kSend:
+      if (start || !(k.mask & wire::kSendMask)) return Step::kErrInvReq;
+      break;
+    case RespState::kWrite:
+      if (start || !(k.mask & wire::kWriteMask)) return Step::kErrInvReq;
+      break;
+  }
+  return Step::kCheckOpValid;
+}
+
+Step check_op_valid(Qp& qp, const Pkt& k) {
+  const uint32_t acc = qp.attr().qp_access_flags;
+  if ((k.mask & wire::kWriteMask) && !(acc & kAccessRemoteWrite)) return Step::kErrInvReq;
+  if ((k.mask & wire::kReadMask) && !(acc & kAccessRemoteRead)) return Step::kErrInvReq;
+  if ((k.mask & wire::kAtomicMask) && !(acc & kAccessRemoteAtomic)) return Step::kErrInvReq;
+  if (k.mask & (wire::kAtomicWriteMask | wire::kFlushMask)) return Step::kErrInvReq;
+  if (qp.type() == QpType::kUc && (k.mask & (wire::kReadMask | wire::kAtomicMask)))
+    return Step::kErrInvReq;
+  return Step::kCheckResource;
+}
+
+Step check_resource(Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  if (k.mask & wire::kRwrMask) {
+    if (!s.have_wqe && !take_wqe(qp)) return Step::kRnr;
+  }
+  if (k.mask & (wire::kReadMask | wire::kAtomicMask)) {
+    if (s.res.empty()) return Step::kErrInvReq;
+  }
+  return Step::kCheckLength;
+}
+
+Step check_length(Qp& qp, const Pkt& k) {
+  const RespState& s = qp.resp_;
+  const uint32_t mtu = s.mtu;
+  const bool start = k.mask & wire::kStartMask;
+  const bool end = k.mask & wire::kEndMask;
+  if (k.mask & wire::kPayloadMask) {
+    if (start && end) {
+      if (k.plen > mtu) return Step::kErrInvReq;
+    } else if (end) {
+      if (k.plen < 1 || k.plen > mtu) return Step::kErrInvReq;
+    } else if (k.plen != mtu) {
+      return Step::kErrInvReq;
+    }
+  }
+  if (k.mask & wire::kRethMask) {
+    if (k.p.reth().dma_len() > kMaxDmaLen) return Step::kErrInvReq;
+  }
+  if (k.mask & wire::kWriteMask) {
+    // Payload vs DMA length (rxe check_length / ReDMArk A2).
+    if (start) {
+      const uint32_t dl = k.p.reth().dma_len();
+      if (end ? k.plen != dl : dl <= mtu) return Step::kErrInvReq;
+    } else if (end) {
+      if (k.plen != s.w_resid) return Step::kErrInvReq;
+    } else if (s.w_resid <= mtu) {
+      return Step::kErrInvReq;
+    }
+  }
+  return Step::kCheckRkey;
+}
+
+Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  if ((k.mask & wire::kWriteMask) && (k.mask & wire::kStartMask)) {
+    const auto reth = k.p.reth();
+    // The whole message is validated before its first byte lands, so a failing message
+    // changes nothing — not even the in-range part of its first packet (S05).
+    if (reth.dma_len() > 0) {
+      RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
+                                  reth.dma_len(), kAccessRemoteWrite, nullptr);
+      if (r != RkeyResult::kOk) return Step::kErrRkey;
+    }
+    s.w_rkey = reth.rkey();
+    s.w_va = reth.va();
+    s.w_resid = reth.dma_len();
+    s.w_total = reth.dma_len();
+  } else if (k.mask & wire::kReadMask) {
+    const auto reth = k.p.reth();
+    if (reth.dma_len() > 0) {
+      RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
+                                  reth.dma_len(), kAccessRemoteRead, nullptr);
+      if (r != RkeyResult::kOk) return Step::kErrRkey;
+    }
+  } else if (k.mask & wire::kAtomicMask) {
+    const auto a = k.p.atomic_eth();
+    RkeyResult r = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
+                                kAccessRemoteAtomic, nullptr);
+    if (r == RkeyResult::kMisaligned) return Step::kErrInvReq;  // S08
+    if (r != RkeyResult::kOk) return Step::kErrRkey;
+  }
+  return Step::kExecute;
+}
+
+RespRes& next_res(RespState& s) {
+  RespRes& r = s.res[s.res_next];
+  s.res_next = (s.res_next + 1) % static_cast<uint32_t>(s.res.size());
+  return r;
+}
+
+Step execute(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  const bool end = k.mask & wire::kEndMask;
+  if (k.mask & wire::kSendMask) {
+    if (s.recv_offset + k.plen > s.wqe.length) return Step::kErrLength;
+    if (k.plen > 0) {
+      WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
+                                 k.p.payload, k.plen);
+      if (st == WcStatus::kLocLenErr) return Step::kErrLength;
+      if (st != WcStatus::kSuccess) return Step::kErrRecvProt;
+    }
+    s.recv_offset += k.plen;
+    s.cur = end ? RespState::kNone : RespState::kSend;
+    return end ? Step::kComplete : Step::kAcknowledge;
+  }
+  if (k.mask & wire::kWriteMask) {
+    if (k.plen > 0) {
+      // Re-validated for every packet: an invalidation between packets stops the rest.
+      RemoteTarget t;
+      RkeyResult r = check_remote(dev.keys(), s.w_rkey, qp.pd().get(), qp.qpn(), s.w_va, k.plen,
+                                  kAccessRemoteWrite, &t);
+      if (r != RkeyResult::kOk) return Step::kErrRkey;
+      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) return Step::kErrRkey;
+    }
+    s.w_va += k.plen;
+    s.w_resid -= k.plen;
+    s.cur = end ? RespState::kNone : RespState::kWrite;
+    if (end) bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+    if (end && (k.mask & wire::kImmMask)) return Step::kComplete;
+    if (end) s.msn = psn_add(s.msn, 1);
+    return Step::kAcknowledge;
+  }
+  if (k.mask & wire::kReadMask) {
+    const auto reth = k.p.reth();
+    RespRes& r = next_res(s);
+    r.kind = RespRes::kRead;
+    r.first_psn = k.psn;
+    r.last_psn = psn_add(k.psn, num_pkts(reth.dma_len(), s.mtu) - 1);
+    r.va = reth.va();
+    r.rkey = reth.rkey();
+    r.length = reth.dma_len();
+    s.msn = psn_add(s.msn, 1);  // C9-148: MSN counts the READ when it starts
+    r.msn = s.msn;
+    s.epsn = psn_add(r.last_psn, 1);
+    bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+    uint32_t fail_psn = 0;
+    if (!send_read_responses(e, qp, r.rkey, k.psn, r.va, r.length, r.msn, &fail_psn)) {
+      send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
+      return Step::kErrNakSent;  // the NAK replaced the remaining responses (S19)
+    }
+    return Step::kDone;
+  }
+  if (k.mask & wire::kAtomicMask) {
+    const auto a = k.p.atomic_eth();
+    RemoteTarget t;
+    RkeyResult rk = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
+                                 kAccessRemoteAtomic, &t);
+    if (rk != RkeyResult::kOk) return Step::kErrRkey;
+    uint64_t orig = 0;
+    bool ok = k.p.opcode == op::kRcCompareSwap
+                  ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
+                  : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
+    if (!ok) return Step::kErrRkey;
+    RespRes& r = next_res(s);
+    r.kind = RespRes::kAtomic;
+    r.first_psn = r.last_psn = k.psn;
+    r.orig = orig;
+    s.msn = psn_add(s.msn, 1);
+    r.msn = s.msn;
+    s.epsn = psn_add(k.psn, 1);
+    bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+    send_atomic_ack(e, qp, k.psn, orig, r.msn);
+    return Step::kDone;
+  }
+  return Step::kErrInvReq;
+}
+
+Step complete(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Cqe c = recv_cqe(qp, WcStatus::kSuccess);
+  Step next = Step::kAcknowledge;
+  if (k.mask & wire::kWriteMask) {
+    // WRITE_WITH_IMM: byte_len is the message length (rxe: resp.length).
+    c.opcode = WcOpcode::kRecvRdmaWithImm;
+    c.byte_len = s.w_total;
+  }
+  if (k.mask & wire::kImmMask) {
+    c.wc_flags |= kWcWithImm;
+    std::memcpy(&c.imm_data, k.p.hdr + k.p.info->offset[wire::kHdrImmDt], 4);
+  }
+  if (k.mask & wire::kIethMask) {
+    // C10-44 / §2.2 row 11: invalidate after the data has landed. Failure is Class J.
+    const uint32_t rkey = k.p.ieth().inv_rkey();
+    if (remote_invalidate(e.device(), qp.pd().get(), rkey)) {
+      c.wc_flags |= kWcWithInv;
+      c.imm_data = rkey;
+    } else {
+      c.status = WcStatus::kRemInvReqErr;
+      next = Step::kErrInvalidate;
+    }
+  }
+  s.have_wqe = false;
+  s.msn = psn_add(s.msn, 1);
+  const bool se = k.p.bth().se();
+  if (qp.recv_cq() && !qp.recv_cq()->push(c, se)) return Step::kErrCqOverflow;
+  return next;
+}
+
+Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  s.epsn = psn_add(k.psn, 1);
+  if (qp.type() != QpType::kRc) return Step::kDone;
+  if (k.p.bth().ack_req()) {
+    defer_ack(e, qp, k.psn);
+  } else {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+  }
+  return Step::kDone;
+}
+
+// PSN behind ePSN (RC): re-ACK, replay, or drop; never re-execute (C9-105 .. C9-112).
+// Returns true when the replay hit a fatal error (a NAK was sent; the QP must go to ERR).
+bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  bump(qp.comp_.ctr, dctr(e), Ctr::kDuplicateRequest);
+  if (k.mask & (wire::kSendMask | wire::kWriteMask)) {
+    if (k.p.bth().ack_req() || (k.mask & wire::kEndMask))
+      send_ack(e, qp, aeth::ack(aeth::kCreditInvalid), psn_add(s.epsn, wire::kPsnMask));
+    return false;
+  }
+  for (RespRes& r : s.res) {
+    if (r.kind == RespRes::kFree) continue;
+    if (psn_diff(k.psn, r.first_psn) < 0 || psn_diff(k.psn, r.last_psn) > 0) continue;
+    if ((k.mask & wire::kAtomicMask) && r.kind == RespRes::kAtomic && k.psn == r.first_psn) {
+      send_atomic_ack(e, qp, r.first_psn, r.orig, r.msn);  // never re-executed
+      return false;
+    }
+    if ((k.mask & wire::kReadMask) && r.kind == RespRes::kRead) {
+      const auto reth = k.p.reth();
+      const uint64_t va = reth.va();
+      const uint64_t len = reth.dma_len();
+      // The retried READ must be a subset of the original with the same rkey.
+      if (reth.rkey() != r.rkey || va < r.va || len > r.length ||
+          va - r.va > r.length - len)
+        return false;
+      uint32_t fail_psn = 0;
+      if (!send_read_responses(e, qp, r.rkey, k.psn, va, static_cast<uint32_t>(len), r.msn,
+                               &fail_psn)) {
+        send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
+        return true;
+      }
+      return false;
+    }
+  }
+  // No matching resource: Class D, silent drop.
+  return false;
+}
+
+// ---- UD ----
+
+RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  const auto deth = k.p.deth();
+  if (k.plen > s.mtu) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kUdDropped);
+    return RespOutcome::kOk;
+  }
+  if (!take_wqe(qp)) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kUdDropped);
+    return RespOutcome::kOk;
+  }
+  // The 40-byte GRH area; for IPv4 the IPv4 header sits in its last 20 bytes (rxe, RoCEv2).
+  std::array<uint8_t, 40> grh{};
+  uint8_t* ip = grh.data() + 20;
+  ip[0] = 0x45;
+  wire::store_be16(ip + 2, static_cast<uint16_t>(20 + 8 + k.p.roce_len));
+  wire::store_be16(ip + 6, 0x4000);  // DF
+  ip[8] = 64;
+  ip[9] = 17;
+  std::memcpy(ip + 12, k.d.src.addr, 4);
+  std::memcpy(ip + 16, k.d.dst.addr, 4);
+  wire::store_be16(ip + 10, wire::inet_checksum(std::span<const uint8_t>(ip, 20)));
+  Cqe c = recv_cqe(qp, WcStatus::kSuccess);
+  c.src_qp = deth.src_qp();
+  c.wc_flags = kWcGrh;
+  c.byte_len = 40 + k.plen;
+  if (40 + uint64_t{k.plen} > s.wqe.length) {
+    c.status = WcStatus::kLocLenErr;
+  } else {
+    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 0, grh.data(), 40);
+    if (st == WcStatus::kSuccess && k.plen > 0)
+      st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 40, k.p.payload, k.plen);
+    if (st != WcStatus::kSuccess) c.status = st;
+  }
+  if (k.mask & wire::kImmMask) {
+    c.wc_flags |= kWcWithImm;
+    std::memcpy(&c.imm_data, k.p.hdr + k.p.info->offset[wire::kHdrImmDt], 4);
+  }
+  s.have_wqe = false;
+  if (qp.recv_cq() && !qp.recv_cq()->push(c, k.p.bth().se())) return RespOutcome::kFatal;
+  return RespOutcome::kOk;
+}
+
+}  // namespace
+
+void resp_flush_ack(Engine& e, Qp& qp) {
+  qp.resp_.ack_listed = false;
+  if (qp.comp_.dead || !qp.resp_.ready) {
+    qp.resp_.ack_pending = false;
+    return;
+  }
+  emit_pending_ack(e, qp);
+}
+
+void resp_flush_held(Qp& qp) {
+  RespState& s = qp.resp_;
+  if (s.have_wqe) complete_held_error(qp, WcStatus::kWrFlushErr);
+  s.have_wqe = false;
+  s.cur = RespState::kNone;
+}
+
+RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d) {
+  RespState& s = qp.resp_;
+  if (!s.ready) return RespOutcome::kOk;
+  Pkt k{p, d, p.info->mask, p.bth().psn(), static_cast<uint32_t>(p.payload_len)};
+  if (qp.type() == QpType::kUd) return ud_recv(e, qp, k);
+
+  const bool uc = qp.type() == QpType::kUc;
+  Step st = Step::kCheckPsn;
+  for (;;) {
+    switch (st) {
+      case Step::kCheckPsn: st = check_psn(e, qp, k); break;
+      case Step::kCheckOpSeq: st = check_op_seq(qp, k); break;
+      case Step::kCheckOpValid: st = check_op_valid(qp, k); break;
+      case Step::kCheckResource: st = check_resource(qp, k); break;
+      case Step::kCheckLength: st = check_length(qp, k); break;
+      case Step::kCheckRkey: st = check_rkey(e, qp, k); break;
+      case Step::kExecute: st = execute(e, qp, k); break;
+      case Step::kComplete: st = complete(e, qp, k); break;
+      case Step::kAcknowledge: st = acknowledge(e, qp, k); break;
+      case Step::kDone:
+        return RespOutcome::kOk;
+      case Step::kDrop:
+        if (uc) bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+        return RespOutcome::kOk;
+      case Step::kDuplicate:
+        return duplicate(e, qp, k) ? RespOutcome::kFatal : RespOutcome::kOk;
+      case Step::kRnr:
+        if (uc) {
+          // UC: no receive WQE -> drop the message.
+          s.uc_drop = true;
+          uc_abort(qp);
+          bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+          return RespOutcome::kOk;
+        }
+        bump(qp.comp_.ctr, dctr(e), Ctr::kSendRnrErr);
+        send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
+        // The rest of the message is already on its way; the RNR NAK stands for the gap it
+        // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
+        s.nak_sent = true;
+        return RespOutcome::kOk;
+      case Step::kErrInvReq:
+      case Step::kErrLength:
+      case Step::kErrRkey:
+      case Step::kErrRecvProt:
+      case Step::kErrCqOverflow:
+      case Step::kErrInvalidate:
+      case Step::kErrNakSent: {
+        if (uc) {
+          // UC errors are Class D/E: drop the message, the QP stays in RTS (§2.2 6').
+          if (st == Step::kErrLength || st == Step::kErrRecvProt) s.recv_offset = 0;
+          s.uc_drop = !(k.mask & wire::kEndMask);
+          uc_abort(qp);
+          bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+          return RespOutcome::kOk;
+        }
+        const bool rxe = e.device().config().errors == ErrorsMode::kRxe;
+        if (st == Step::kErrLength) {
+          complete_held_error(qp, rxe ? WcStatus::kRemInvReqErr : WcStatus::kLocLenErr);
+          send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+        } else if (st == Step::kErrRecvProt) {
+          complete_held_error(qp, rxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr);
+          send_nak(e, qp, aeth::kNakRemoteOperationalError, k.psn);
+        } else if (st == Step::kErrInvReq) {
+          send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+        } else if (st == Step::kErrRkey) {
+          send_nak(e, qp, aeth::kNakRemoteAccessError, k.psn);
+        } else if (st == Step::kErrInvalidate) {
+          // rxe: no NAK for Class J; the ACK goes out normally, the receive WC reports it.
+          acknowledge(e, qp, k);
+        }
+        return RespOutcome::kFatal;
+      }
+    }
+  }
+}
+
+}  // namespace rnic::emu

@@ -1,0 +1,37 @@
+// emu/transport/resp.h: the responder (IBA ch. 9 responder role; rxe_resp.c): PSN / opcode-sequence /
+// access / resource / length / rkey checks in that order, execution of SEND, WRITE, READ and
+// ATOMIC requests, receive completions, ACK/NAK/RNR NAK generation, duplicate handling from
+// the responder resources (READ replayed from memory, ATOMIC from the saved value), UC drop
+// rules and UD delivery with the 40-byte GRH area.
+#pragma once
+
+#include <cstdint>
+
+#include "emu/objects/qp.h"
+#include "wire/packet.h"
+#include "wire/port.h"
+
+namespace rnic::emu {
+
+class Engine;
+
+enum class RespOutcome : uint8_t {
+  kOk,     // handled (executed, acknowledged, dropped or answered as a duplicate)
+  kFatal,  // the responder hit a Class A/C/G/J error: the caller must move the QP to ERR
+};
+
+// One request packet (kReqMask opcodes) for qp, after the ingress checks. Runs in the
+// engine's receive context (its replies go to e.rx_batch()). REQUIRES: qp's receive lock.
+// Hot path: no allocation.
+RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d);
+
+// Sends the ACK the responder deferred for qp (ACK coalescing), if any. Called by the engine
+// at the end of each receive batch. REQUIRES: receive lock; receive context.
+void resp_flush_ack(Engine& e, Qp& qp);
+
+// Completes a receive WQE the responder holds (a message in progress) with WR_FLUSH_ERR
+// and resets the message state. Called on the transition to ERR, before emu flushes the
+// rest of the RQ. REQUIRES: receive lock.
+void resp_flush_held(Qp& qp);
+
+}  // namespace rnic::emu
