@@ -2,7 +2,7 @@
 """Layering check for softrnic's sources, run by the build (every library's compile waits on it).
 
 Each folder may include project headers only from the folders listed for it below, so
-dependencies flow one way:  wire <- emu/objects <- emu/transport <- emu/services,
+dependencies flow one way:  base <- wire <- emu/objects <- emu/transport <- emu/services,
 emu/fault (a hook the transport calls through wire/port.h) <- emu/services, and
 verbs_shim / tools on top. A wrong-direction #include makes this exit 1 naming file,
 line and rule, which fails the build.
@@ -17,17 +17,18 @@ import sys
 
 # layer (folder) -> folders it may include from (itself always allowed).
 ALLOWED = {
-    "wire": [],
-    "emu/objects": ["wire"],
-    "emu/fault": ["wire"],
-    "emu/transport": ["wire", "emu/objects"],
-    "emu/services": ["wire", "emu/objects", "emu/transport", "emu/fault"],
-    "verbs_shim": ["wire", "emu/objects", "emu/transport", "emu/fault", "emu/services"],
-    "tools": ["wire", "emu/objects", "emu/fault", "emu/services"],
+    "base": [],
+    "wire": ["base"],
+    "emu/objects": ["base", "wire"],
+    "emu/fault": ["base", "wire"],
+    "emu/transport": ["base", "wire", "emu/objects"],
+    "emu/services": ["base", "wire", "emu/objects", "emu/transport", "emu/fault"],
+    "verbs_shim": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/services"],
+    "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services"],
 }
 # Headers no engine layer may include: emu keeps its own mirrored types.
 FORBIDDEN_SYSTEM = re.compile(r"^(infiniband|rdma)/")
-ENGINE = ("wire", "emu/")
+ENGINE = ("base", "wire", "emu/")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 SOURCE_EXT = (".h", ".cc", ".c", ".hpp", ".cpp")
 

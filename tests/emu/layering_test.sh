@@ -17,7 +17,7 @@ $py "$src/scripts/check_layers.py" --root "$src" || { echo "FAIL: the real tree 
 
 plant() {  # file-to-create include-line expected-substring
   rm -rf "$tmp/t"; mkdir -p "$tmp/t"
-  cp -r "$src/wire" "$src/emu" "$src/tools" "$src/verbs_shim" "$tmp/t/"
+  cp -r "$src/base" "$src/wire" "$src/emu" "$src/tools" "$src/verbs_shim" "$tmp/t/"
   mkdir -p "$(dirname "$tmp/t/$1")"
   printf '// planted by layering_test\n#include %s\n' "$2" >> "$tmp/t/$1"
   if out=$($py "$src/scripts/check_layers.py" --root "$tmp/t" 2>&1); then
@@ -31,12 +31,13 @@ plant() {  # file-to-create include-line expected-substring
 plant emu/objects/qp.h '"emu/transport/engine.h"' 'emu/objects/qp.h:.*must not include "emu/transport/engine.h"'
 plant emu/transport/req.cc '"emu/fault/fault.h"' 'emu/transport/req.cc:.*must not include "emu/fault/fault.h"'
 plant emu/fault/fault.cc '"emu/objects/qp.h"' 'emu/fault/fault.cc:.*must not include "emu/objects/qp.h"'
+plant base/log.h '"wire/packet.h"' 'base/log.h:.*must not include "wire/packet.h"'
 plant wire/packet.h '"emu/objects/types.h"' 'wire/packet.h:.*must not include'
 plant emu/objects/new_file.cc '<infiniband/verbs.h>' 'must not include <infiniband/verbs.h>'
 plant emu/services/services.cc '"verbs_shim/shim.h"' 'must not include "verbs_shim/shim.h"'
 
 # The build rule: each layer library's objects depend on the check.
-for lib in wire/libwire.a emu/objects/libemu_objects.a emu/transport/libemu_transport.a \
+for lib in base/libbase.a wire/libwire.a emu/objects/libemu_objects.a emu/transport/libemu_transport.a \
            emu/fault/libemu_fault.a emu/services/libemu_services.a; do
   objs=$(ninja -C "$build" -t query "$lib" 2>/dev/null | sed -n '/input:/,/outputs:/p' | grep '\.o$' | tr -d ' ')
   [ -n "$objs" ] || { echo "FAIL: no objects found for $lib"; fail=1; continue; }
