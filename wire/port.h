@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "wire/hdr.h"  // kRoceUdpPort (4791)
+#include "wire/icrc.h"  // IpUdpMeta
 
 namespace rnic::wire {
 
@@ -191,6 +192,22 @@ class HeldPacketSource {
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 };
+
+// The ICRC's view of the IP/UDP headers of a datagram from src to dst: the one place an
+// IpUdpMeta is filled from endpoints. ip_id as the sender's kernel emits it (0 with DF on an
+// unconnected socket; segment k of a GSO batch: k), DF set (wire/udp_port.cc sets
+// IP_PMTUDISC_DO).
+inline IpUdpMeta meta_between(const Endpoint& src, const Endpoint& dst, uint16_t ip_id = 0) {
+  IpUdpMeta m;
+  m.ipv6 = src.ipv6;
+  std::memcpy(m.src, src.addr, 16);
+  std::memcpy(m.dst, dst.addr, 16);
+  m.ip_id = ip_id;
+  m.df = true;
+  m.src_port = src.port;
+  m.dst_port = dst.port;
+  return m;
+}
 
 // ---- Port ---------------------------------------------------------------------------
 

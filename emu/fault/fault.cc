@@ -48,15 +48,7 @@ int dir_index(Direction d) { return d == Direction::kTx ? 0 : 1; }
 const char* dir_name(Direction d) { return d == Direction::kTx ? "tx" : "rx"; }
 
 wire::IpUdpMeta meta_of(const Endpoint& src, const Endpoint& dst) {
-  wire::IpUdpMeta m;
-  m.ipv6 = src.ipv6;
-  std::memcpy(m.src, src.addr, 16);
-  std::memcpy(m.dst, dst.addr, 16);
-  m.ip_id = 0;
-  m.df = true;
-  m.src_port = src.port;
-  m.dst_port = dst.port;
-  return m;
+  return wire::meta_between(src, dst);
 }
 
 // Rewrites the trailing ICRC of a RoCE packet (BTH .. ICRC) for these endpoints, IP ID 0.

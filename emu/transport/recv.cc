@@ -70,14 +70,7 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
     dc.add(Ctr::kDropMalformed);
     return;
   }
-  wire::IpUdpMeta meta;
-  meta.ipv6 = d.src.ipv6;
-  std::memcpy(meta.src, d.src.addr, 16);
-  std::memcpy(meta.dst, d.dst.addr, 16);
-  meta.src_port = d.src.port;
-  meta.dst_port = d.dst.port;
-  meta.ip_id = static_cast<uint16_t>(d.ip_id + seg_index);
-  meta.df = true;
+  wire::IpUdpMeta meta = wire::meta_between(d.src, d.dst, static_cast<uint16_t>(d.ip_id + seg_index));
   if (!wire::icrc_check(meta, roce)) {
     // IP-ID policy: segment k of a GRO buffer normally left with ID base+k (a GSO sender);
     // peers that send every packet with ID 0 (hardware, rxe) coalesce too, so try 0 as well.

@@ -113,15 +113,7 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
 }
 
 wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst) {
-  wire::IpUdpMeta m;
-  m.ipv6 = src.ipv6;
-  std::memcpy(m.src, src.addr, 16);
-  std::memcpy(m.dst, dst.addr, 16);
-  m.ip_id = 0;
-  m.df = true;
-  m.src_port = src.port;
-  m.dst_port = dst.port;
-  return m;
+  return wire::meta_between(src, dst);
 }
 
 // ---------------------------------------------------------------- helpers
