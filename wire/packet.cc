@@ -1,4 +1,5 @@
-// RoCEv2 packet build/parse: transport headers via the opcode table, IPv4/IPv6 + UDP, Ethernet.
+// RoCEv2 packet build/parse: the one packet writer (transport headers via the opcode table, pad,
+// ICRC), IPv4/IPv6 + UDP, Ethernet, the UD GRH image; and the matching parsers.
 #include "wire/packet.h"
 
 #include <algorithm>
@@ -40,6 +41,31 @@ ParseError parse_udp(std::span<const uint8_t> udp, std::span<const uint8_t> ip_f
   *out = v;
   if (meta_out) *meta_out = meta;
   return ParseError::kOk;
+}
+
+// The IPv4 (IHL 5) or IPv6 header of a datagram carrying udp_len bytes of UDP: what
+// build_ip_datagram() emits and what a UD receive buffer's GRH area shows (write_grh_image).
+void write_ip_header(uint8_t* ip, const IpUdpMeta& m, size_t udp_len) {
+  if (!m.ipv6) {
+    ip[0] = 0x45;
+    ip[1] = m.tos;
+    store_be16(ip + 2, static_cast<uint16_t>(kIpv4HdrBytes + udp_len));
+    store_be16(ip + 4, m.ip_id);
+    store_be16(ip + 6, m.df ? 0x4000 : 0);
+    ip[8] = m.ttl;
+    ip[9] = kIpProtoUdp;
+    store_be16(ip + 10, 0);
+    std::memcpy(ip + 12, m.src, 4);
+    std::memcpy(ip + 16, m.dst, 4);
+    store_be16(ip + 10, inet_checksum({ip, kIpv4HdrBytes}));
+    return;
+  }
+  store_be32(ip, (6u << 28) | (uint32_t{m.tos} << 20) | (m.flow_label & 0xfffff));
+  store_be16(ip + 4, static_cast<uint16_t>(udp_len));
+  ip[6] = kIpProtoUdp;
+  ip[7] = m.ttl;
+  std::memcpy(ip + 8, m.src, 16);
+  std::memcpy(ip + 24, m.dst, 16);
 }
 
 }  // namespace
@@ -200,20 +226,15 @@ size_t roce_size(uint8_t opcode, size_t payload_len) {
   return info.length + payload_len + pad + kIcrcBytes;
 }
 
-size_t build_roce(std::span<uint8_t> out, const PacketFields& f,
-                  std::span<const uint8_t> payload, const IpUdpMeta& meta) {
+size_t write_roce_headers(uint8_t* p, const PacketFields& f, size_t payload_len) {
   const OpcodeInfo& info = opcode_info(f.opcode);
-  if (info.mask == 0 || !payload_len_ok(info, payload.size())) return 0;
-  size_t pad = (4 - payload.size() % 4) % 4;
-  size_t total = info.length + payload.size() + pad + kIcrcBytes;
-  if (out.size() < total) return 0;
-  uint8_t* p = out.data();
+  if (info.mask == 0 || !payload_len_ok(info, payload_len)) return 0;
   std::memset(p, 0, info.length);
   Bth b(p);
   b.set_opcode(f.opcode);
   b.set_se(f.se);
   b.set_mig(f.mig);
-  b.set_pad_cnt(static_cast<uint8_t>(pad));
+  b.set_pad_cnt(static_cast<uint8_t>((4 - payload_len % 4) % 4));
   b.set_tver(f.tver);
   b.set_pkey(f.pkey);
   b.set_fecn(f.fecn);
@@ -249,11 +270,36 @@ size_t build_roce(std::span<uint8_t> out, const PacketFields& f,
   if (mask & kImmMask) ImmDt(p + info.offset[kHdrImmDt]).set_imm(f.imm);
   if (mask & kIethMask) Ieth(p + info.offset[kHdrIeth]).set_inv_rkey(f.inv_rkey);
   if (mask & kFethMask) Feth(p + info.offset[kHdrFeth]).set_sel_plt(f.flush_sel, f.flush_plt);
-  if (!payload.empty()) std::memcpy(p + info.length, payload.data(), payload.size());
-  std::memset(p + info.length + payload.size(), 0, pad);
-  size_t body = total - kIcrcBytes;
-  store_le32(p + body, icrc_compute(meta, out.first(body)));
-  return total;
+  return info.length;
+}
+
+size_t finish_roce(uint8_t* p, size_t hdr_len, size_t payload_len, const IpUdpMeta& meta,
+                   uint16_t ip_id) {
+  size_t n = hdr_len + payload_len;
+  const size_t pad = (4 - payload_len % 4) % 4;
+  std::memset(p + n, 0, pad);
+  n += pad;
+  uint32_t icrc;
+  if (ip_id == meta.ip_id) {
+    icrc = icrc_compute(meta, std::span<const uint8_t>(p, n));
+  } else {
+    IpUdpMeta m = meta;  // segment k of a GSO run: its own IPv4 ID
+    m.ip_id = ip_id;
+    icrc = icrc_compute(m, std::span<const uint8_t>(p, n));
+  }
+  store_le32(p + n, icrc);
+  return n + kIcrcBytes;
+}
+
+size_t build_roce(std::span<uint8_t> out, const PacketFields& f,
+                  std::span<const uint8_t> payload, const IpUdpMeta& meta) {
+  const OpcodeInfo& info = opcode_info(f.opcode);
+  if (info.mask == 0 || out.size() < roce_len(info.length, payload.size())) return 0;
+  uint8_t* p = out.data();
+  const size_t hl = write_roce_headers(p, f, payload.size());
+  if (hl == 0) return 0;
+  if (!payload.empty()) std::memcpy(p + hl, payload.data(), payload.size());
+  return finish_roce(p, hl, payload.size(), meta);
 }
 
 uint16_t inet_checksum(std::span<const uint8_t> d) {
@@ -280,25 +326,8 @@ size_t build_ip_datagram(std::span<uint8_t> out, const PacketFields& f,
   store_be16(udp + 2, m.dst_port);
   store_be16(udp + 4, static_cast<uint16_t>(udp_len));
   store_be16(udp + 6, 0);
-  if (!m.ipv6) {
-    ip[0] = 0x45;
-    ip[1] = m.tos;
-    store_be16(ip + 2, static_cast<uint16_t>(ip_len + udp_len));
-    store_be16(ip + 4, m.ip_id);
-    store_be16(ip + 6, m.df ? 0x4000 : 0);
-    ip[8] = m.ttl;
-    ip[9] = kIpProtoUdp;
-    store_be16(ip + 10, 0);
-    std::memcpy(ip + 12, m.src, 4);
-    std::memcpy(ip + 16, m.dst, 4);
-    store_be16(ip + 10, inet_checksum({ip, kIpv4HdrBytes}));
-  } else {
-    store_be32(ip, (6u << 28) | (uint32_t{m.tos} << 20) | (m.flow_label & 0xfffff));
-    store_be16(ip + 4, static_cast<uint16_t>(udp_len));
-    ip[6] = kIpProtoUdp;
-    ip[7] = m.ttl;
-    std::memcpy(ip + 8, m.src, 16);
-    std::memcpy(ip + 24, m.dst, 16);
+  write_ip_header(ip, m, udp_len);
+  if (m.ipv6) {
     // UDP checksum over the IPv6 pseudo header (RFC 8200 8.1) + UDP header + data.
     uint64_t sum = 0;
     for (size_t i = 8; i < 40; i += 2) sum += load_be16(ip + i);
@@ -310,6 +339,16 @@ size_t build_ip_datagram(std::span<uint8_t> out, const PacketFields& f,
     store_be16(udp + 6, c == 0 ? 0xffff : c);
   }
   return ip_len + udp_len;
+}
+
+bool write_grh_image(std::span<uint8_t, 40> out, const IpUdpMeta& meta, size_t roce_bytes) {
+  const size_t ip_len = meta.ipv6 ? kIpv6HdrBytes : kIpv4HdrBytes;
+  const size_t udp_len = kUdpHdrBytes + roce_bytes;
+  if (ip_len + udp_len > 0xffff) return false;
+  std::memset(out.data(), 0, out.size());
+  // IPv4: the header sits in the last 20 bytes of the 40 (RoCEv2, as rxe delivers it).
+  write_ip_header(out.data() + out.size() - ip_len, meta, udp_len);
+  return true;
 }
 
 size_t build_ethernet_frame(std::span<uint8_t> out, const uint8_t dst_mac[6],

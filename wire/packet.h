@@ -126,11 +126,52 @@ ParseError parse_ethernet_frame(std::span<const uint8_t> frame, PacketView* out,
 // Bytes build_roce() writes for this opcode and payload length (0 if the opcode is unknown).
 size_t roce_size(uint8_t opcode, size_t payload_len);
 
-// Writes BTH + extension headers + payload + pad (zeros) + ICRC (computed with meta) into out.
-// f.pad_cnt is ignored: pad = (4 - payload_len % 4) % 4. Returns bytes written, or 0 if out is
+// ---- The packet writer ----
+// The one place RoCE transport bytes are written: the requester and responder (emu/transport)
+// call it on their send-batch slots, build_roce() and everything built on it (the fault
+// engine, tests, captures) too. Two steps so the payload lands in place without a staging
+// copy and the ICRC is computed once:
+//   size_t hl = write_roce_headers(buf, f, n);   // BTH + extension headers
+//   <caller copies n payload bytes to buf + hl>  // gather from SGEs, memory, a span
+//   size_t len = finish_roce(buf, hl, n, meta);  // pad (zeros) + ICRC
+// Caller-provided buffer of at least roce_len(hl, n) bytes; no allocation, no locks.
+
+// Bytes on the wire for hdr_len header bytes and payload_len payload bytes: headers, payload,
+// pad to a multiple of 4 (IBA 9.2: PadCnt) and the 4-byte ICRC.
+constexpr size_t roce_len(size_t hdr_len, size_t payload_len) {
+  return hdr_len + payload_len + (4 - payload_len % 4) % 4 + kIcrcBytes;
+}
+
+// Writes the BTH and every extension header opcode f.opcode carries (opcode table) at out,
+// with pad_cnt computed from payload_len (f.pad_cnt is ignored). Returns the header length
+// (opcode_info(f.opcode).length), or 0 if the opcode is unknown or payload_len is not allowed
+// for it (payload on an ACK / READ request, ATOMIC_WRITE without exactly 8 bytes).
+size_t write_roce_headers(uint8_t* out, const PacketFields& f, size_t payload_len);
+
+// Zeroes the pad after out[hdr_len + payload_len) and appends the ICRC over BTH .. pad,
+// computed with meta but IPv4 ID ip_id (segment k of a GSO run leaves with ID k: the caller
+// passes the ID its packet will carry, e.g. TxBatch::ip_id_for). Returns roce_len(hdr_len,
+// payload_len).
+size_t finish_roce(uint8_t* out, size_t hdr_len, size_t payload_len, const IpUdpMeta& meta,
+                   uint16_t ip_id);
+inline size_t finish_roce(uint8_t* out, size_t hdr_len, size_t payload_len,
+                          const IpUdpMeta& meta) {
+  return finish_roce(out, hdr_len, payload_len, meta, meta.ip_id);
+}
+
+// Writes BTH + extension headers + payload + pad (zeros) + ICRC (computed with meta) into out:
+// the writer above with the payload copied from a span. Returns bytes written, or 0 if out is
 // too small, the opcode is unknown, or the payload is not allowed for the opcode.
 size_t build_roce(std::span<uint8_t> out, const PacketFields& f,
                   std::span<const uint8_t> payload, const IpUdpMeta& meta);
+
+// The 40-byte GRH area a UD receive buffer starts with (IBA 11.4.1.2 Post Receive; DESIGN.md
+// "Wire rules"), for a received datagram whose IP/UDP headers meta describes and whose UDP
+// payload (BTH .. ICRC) is roce_bytes long. IPv4: 20 zero bytes, then the IPv4 header exactly as
+// build_ip_datagram() writes it (meta.tos/ip_id/df/ttl, protocol 17, checksum). IPv6: the
+// IPv6 header (traffic class, flow label, hop limit, next header 17). Returns false (and
+// writes nothing) if the lengths do not fit an IP header.
+bool write_grh_image(std::span<uint8_t, 40> out, const IpUdpMeta& meta, size_t roce_bytes);
 
 // As build_roce() but preceded by an IPv4 header (IHL 5, meta.tos/ttl/ip_id/df, protocol 17,
 // correct header checksum) or IPv6 header (traffic class, flow label, hop limit, next header 17)

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <random>
 #include <set>
@@ -228,6 +229,94 @@ TEST(PacketTest, BuildHonoursOutputSizeAndOpcodeRules) {
   f.opcode = 0x15;
   EXPECT_EQ(build_roce(buf, f, {}, m), 0u);
   EXPECT_EQ(roce_size(0x15, 0), 0u);
+}
+
+// The two-step writer (write_roce_headers, payload placed by the caller, finish_roce) is what
+// the requester and responder use on their send slots: on a dirty buffer, with a GSO segment's
+// IP ID, it must give exactly build_roce()'s bytes for that ID, and the ICRC must verify.
+TEST(PacketTest, TwoStepWriterEqualsBuildRoceOnDirtyBuffers) {
+  std::mt19937_64 rng(99);
+  for (uint8_t opc : valid_opcodes()) {
+    for (size_t len : payload_lengths(opc)) {
+      SCOPED_TRACE(std::string(opcode_info(opc).name) + " len " + std::to_string(len));
+      PacketFields f = random_fields(opc, rng);
+      auto payload = make_payload(len, rng);
+      const uint16_t seg_id = static_cast<uint16_t>(1 + rng() % 60);
+      IpUdpMeta m = v4_meta();  // ip_id 0, as a QP's saved meta
+      IpUdpMeta seg = m;
+      seg.ip_id = seg_id;
+      std::vector<uint8_t> want(len + 128, 0);
+      const size_t n = build_roce(want, f, payload, seg);
+      ASSERT_EQ(n, roce_size(opc, len));
+
+      std::vector<uint8_t> slot(len + 128, 0xa5);  // a reused send slot: stale bytes
+      const size_t hl = write_roce_headers(slot.data(), f, len);
+      ASSERT_EQ(hl, opcode_info(opc).length);
+      if (len > 0) std::memcpy(slot.data() + hl, payload.data(), len);
+      ASSERT_EQ(roce_len(hl, len), n);
+      ASSERT_EQ(finish_roce(slot.data(), hl, len, m, seg_id), n);
+      EXPECT_EQ(0, std::memcmp(slot.data(), want.data(), n));
+      EXPECT_TRUE(icrc_check(seg, {slot.data(), n}));
+      EXPECT_FALSE(icrc_check(m, {slot.data(), n}));  // the ID is covered by the ICRC
+      PacketView v;
+      ASSERT_EQ(parse_roce({slot.data(), n}, &v), ParseError::kOk);
+      f.pad_cnt = v.pad;
+      f.payload = payload;
+      EXPECT_TRUE(v.fields() == f);
+      // Same ID as the meta: the one-argument form.
+      ASSERT_EQ(finish_roce(slot.data(), hl, len, seg), n);
+      EXPECT_EQ(0, std::memcmp(slot.data(), want.data(), n));
+    }
+  }
+}
+
+TEST(PacketTest, WriterRefusesUnknownOpcodeAndIllegalPayload) {
+  std::vector<uint8_t> buf(64, 0xaa);
+  PacketFields f;
+  f.opcode = 0x15;  // reserved
+  EXPECT_EQ(write_roce_headers(buf.data(), f, 0), 0u);
+  f.opcode = op::kRcAcknowledge;
+  EXPECT_EQ(write_roce_headers(buf.data(), f, 4), 0u);
+  f.opcode = op::kRcRdmaReadRequest;
+  EXPECT_EQ(write_roce_headers(buf.data(), f, 1), 0u);
+  for (uint8_t b : buf) EXPECT_EQ(b, 0xaa);  // nothing written
+  EXPECT_EQ(write_roce_headers(buf.data(), f, 0), 28u);
+}
+
+// The UD GRH area: for IPv4 twenty zero bytes, then an IPv4 header that parses as the header
+// of the same datagram built by build_ip_datagram(); for IPv6 the IPv6 header itself.
+TEST(PacketTest, GrhImageMatchesTheDatagramsIpHeader) {
+  std::mt19937_64 rng(5);
+  for (bool v6 : {false, true}) {
+    for (size_t len : {size_t{0}, size_t{3}, size_t{1024}}) {
+      SCOPED_TRACE(std::string(v6 ? "v6" : "v4") + " len " + std::to_string(len));
+      IpUdpMeta m = v6 ? v6_meta() : v4_meta();
+      PacketFields f = random_fields(op::kUdSendOnly, rng);
+      auto payload = make_payload(len, rng);
+      std::vector<uint8_t> dgram(len + 256);
+      const size_t n = build_ip_datagram(dgram, f, payload, m);
+      const size_t ip_len = v6 ? kIpv6HdrBytes : kIpv4HdrBytes;
+      const size_t roce_bytes = n - ip_len - kUdpHdrBytes;
+      std::array<uint8_t, 40> grh;
+      grh.fill(0xee);
+      ASSERT_TRUE(write_grh_image(grh, m, roce_bytes));
+      for (size_t i = 0; i < 40 - ip_len; ++i) EXPECT_EQ(grh[i], 0) << i;
+      EXPECT_EQ(0, std::memcmp(grh.data() + 40 - ip_len, dgram.data(), ip_len));
+      // The image's IP header in front of the datagram's UDP part parses back to meta.
+      std::vector<uint8_t> rebuilt(grh.begin() + (40 - ip_len), grh.end());
+      rebuilt.insert(rebuilt.end(), dgram.begin() + ip_len, dgram.begin() + n);
+      PacketView v;
+      IpUdpMeta got;
+      ASSERT_EQ(parse_ip_datagram(rebuilt, &v, &got, true), ParseError::kOk);
+      expect_meta_eq(got, m);
+      if (!v6) {
+        EXPECT_EQ(inet_checksum({grh.data() + 20, kIpv4HdrBytes}), 0);
+        EXPECT_EQ(load_be16(grh.data() + 20 + 2), 20 + 8 + roce_bytes);
+      }
+    }
+  }
+  std::array<uint8_t, 40> grh{};
+  EXPECT_FALSE(write_grh_image(grh, v4_meta(), 0x10000));
 }
 
 TEST(PacketTest, ParseErrorNamesAreDistinct) {
