@@ -1,6 +1,8 @@
 // pcap writer/reader and the Ethernet/IP/UDP frame builder used for captures.
 #include "wire/pcap.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -138,9 +140,18 @@ std::unique_ptr<PcapWriter> PcapWriter::open(std::string_view pattern, int* err)
   *err = 0;
   std::unique_ptr<PcapWriter> w(new PcapWriter());
   w->path_ = expand_pcap_path(pattern);
-  w->f_ = std::fopen(w->path_.c_str(), "wbe");
+  // 0600: a capture holds every RDMA payload (issue 10 item 7). An existing file is
+  // truncated and narrowed to 0600 as well (best effort: fchmod fails on another's file).
+  int fd = ::open(w->path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *err = errno;
+    return nullptr;
+  }
+  (void)::fchmod(fd, 0600);
+  w->f_ = ::fdopen(fd, "wb");
   if (w->f_ == nullptr) {
     *err = errno;
+    ::close(fd);
     return nullptr;
   }
   std::vector<uint8_t> hdr;

@@ -12,7 +12,7 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "icrc_err",           "drop_unknown_qpn",   "drop_bad_state",     "drop_addr_mismatch",
     "drop_malformed",     "bad_pkey_cntr",      "qkey_viol_cntr",     "naks_sent",
     "naks_rcvd",          "rem_access_nak_sent", "rem_access_nak_rcvd", "retrans_pkts",
-    "uc_dropped",         "ud_dropped",         "drop_src_port",
+    "uc_dropped",         "ud_dropped",         "drop_src_port",      "mem_fault",
 };
 }  // namespace
 

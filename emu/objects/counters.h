@@ -45,6 +45,8 @@ enum class Ctr : uint8_t {
   kUcDropped,           // uc_dropped (ours): UC packets dropped (gap, bad rkey, no WQE)
   kUdDropped,           // ud_dropped (ours): UD packets dropped (no WQE, too long)
   kDropSrcPort,         // drop_src_port (ours): strict source check refused the UDP port
+  kMemFault,            // mem_fault (ours): an access to registered memory faulted (MemAccess
+                        // returned false: unmapped / PROT_NONE / read-only page)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -98,7 +98,7 @@ uint64_t Device::now_ns() {
 
 Device::Device(const DeviceConfig& cfg)
     : cfg_(cfg),
-      mem_(std::make_shared<DirectMemAccess>()),
+      mem_(std::make_shared<SafeMemAccess>()),
       keys_(key_options(cfg)),
       pds_(1, 0xFFFFFF, kMaxPd, seed_or_random(cfg.key_seed, 1)),
       ahs_(1, 0xFFFFFF, kMaxAh, seed_or_random(cfg.key_seed, 2)),
@@ -226,6 +226,15 @@ void Device::close() {
     if (cq->channel_) cq->channel_->forget(cq.get());
   srqs_.clear();
   cqs_.clear();
+  // No access through any window or region is running or can start once close returns.
+  for (auto& mw : mws_.snapshot()) mw->gate_.close_and_drain();
+  for (auto& mr : mrs_.snapshot()) {
+    {
+      std::unique_lock lk(mr->mu_);
+      mr->state_ = MrState::kInvalid;
+    }
+    mr->gate_.close_and_drain();
+  }
   mws_.clear();
   keys_.clear();
   mrs_.clear();
@@ -346,6 +355,9 @@ Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64
   if (length == 0) return Errc::kInval;
   if (addr + length < addr || iova + length < iova) return Errc::kInval;  // wraps
   if (Status st = check_mr_access(access); !st) return st;
+  // The kernel's pin: unmapped / PROT_NONE / read-only-for-write -> EFAULT (mr.h).
+  if (Status st = check_mr_range(addr, length, access, attr_.max_mr_size); !st) return st;
+  mem_->prepare();  // the fault guard is in place before any rkey can be used
   auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange);
   Result<uint32_t> h = mrs_.insert_next(mr);
   if (!h) return h.error();
@@ -373,7 +385,22 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
     if (Status st = check_mr_access(access); !st) return st;
   }
   if (mr->bound_mws() != 0) return Errc::kBusy;
+  if (flags & (kReregChangeTranslation | kReregChangeAccess)) {
+    // A new range, or new rights over the old one, is pinned again (EFAULT as reg_mr).
+    MrView v = mr->view();
+    const uint64_t a = (flags & kReregChangeTranslation) ? addr : v.host_addr;
+    const uint64_t n = (flags & kReregChangeTranslation) ? length : v.length;
+    const uint32_t acc = (flags & kReregChangeAccess) ? access : v.access;
+    if (Status st = check_mr_range(a, n, acc, attr_.max_mr_size); !st) return st;
+  }
   std::shared_ptr<Pd> old_pd;
+  // Accesses in flight through the old translation/rights finish first (issue 10 item 3);
+  // accesses arriving meanwhile are refused (the MR is in transition).
+  mr->gate_.close_and_drain();
+  struct Reopen {
+    AccessGate& g;
+    ~Reopen() { g.reopen(); }
+  } reopen{mr->gate_};
   {
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;
@@ -406,6 +433,9 @@ Status Device::dereg_mr(const std::shared_ptr<Mr>& mr) {
     if (mr->state_ != MrState::kValid) return Errc::kInval;
     mr->state_ = MrState::kInvalid;
   }
+  // Wait for the accesses in flight; the gate stays closed, so none starts afterwards and
+  // the application may unmap the buffer as soon as we return (issue 10 item 3).
+  mr->gate_.close_and_drain();
   (void)keys_.remove(mr->lkey());
   mrs_.erase(mr->handle());
   mr->pd()->drop_user();
@@ -440,6 +470,12 @@ Status Device::dealloc_mw(const std::shared_ptr<Mw>& mw) {
   {
     std::lock_guard lk(mw->mu_);
     if (mw->state_ == MwState::kInvalid) return Errc::kInval;
+  }
+  // Accesses through the window finish before it dies; the gate stays closed.
+  mw->gate_.close_and_drain();
+  {
+    std::lock_guard lk(mw->mu_);
+    if (mw->state_ == MwState::kInvalid) return Errc::kInval;  // raced with another dealloc
     MwOps::unbind_locked(*mw);  // deallocating invalidates (S14)
     mw->state_ = MwState::kInvalid;
     key = mw->rkey_;

@@ -244,7 +244,7 @@ class Device : public std::enable_shared_from_this<Device> {
   // Transport hooks (nullable). Set once before creating QPs; not changed while in use.
   void set_hooks(TransportHooks* h) { hooks_.store(h, std::memory_order_release); }
   TransportHooks* hooks() const { return hooks_.load(std::memory_order_acquire); }
-  // Memory access used for all data movement (DirectMemAccess by default).
+  // Memory access used for all data movement (SafeMemAccess by default: faults are errors).
   MemAccess& mem() { return *mem_; }
   void set_mem(std::shared_ptr<MemAccess> m) { mem_ = std::move(m); }
   // The transports' engine (sockets, progress thread); owned here once set.

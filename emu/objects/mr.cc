@@ -2,13 +2,125 @@
 // remote rkey check (§2.3) over MRs and MWs.
 #include "emu/objects/mr.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
 
 #include "emu/objects/device.h"
 #include "emu/objects/mw.h"
 #include "emu/objects/pool.h"
 
 namespace rnic::emu {
+
+// ---------------------------------------------------------------- access gates
+
+namespace {
+
+// The gates this thread holds guards on (so close_and_drain does not wait for itself).
+// Guards nest at most a few deep (one per packet being copied); past kHeldSlots entries a
+// thread's own guards are not recognised, which only matters if that thread then
+// deregisters the object (it would wait for itself).
+constexpr int kHeldSlots = 16;
+struct Held {
+  const AccessGate* gate;
+  uint32_t n;
+};
+thread_local Held tl_held[kHeldSlots];
+thread_local int tl_nheld = 0;
+
+void note_enter(const AccessGate* g) {
+  for (int i = 0; i < tl_nheld; ++i) {
+    if (tl_held[i].gate == g) {
+      ++tl_held[i].n;
+      return;
+    }
+  }
+  if (tl_nheld < kHeldSlots) tl_held[tl_nheld++] = {g, 1};
+}
+
+void note_leave(const AccessGate* g) {
+  for (int i = 0; i < tl_nheld; ++i) {
+    if (tl_held[i].gate == g) {
+      if (--tl_held[i].n == 0) tl_held[i] = tl_held[--tl_nheld];
+      return;
+    }
+  }
+}
+
+uint32_t held_by_me(const AccessGate* g) {
+  for (int i = 0; i < tl_nheld; ++i)
+    if (tl_held[i].gate == g) return tl_held[i].n;
+  return 0;
+}
+
+}  // namespace
+
+bool AccessGate::enter() {
+  // Dekker pair with close_and_drain(): increment, then look at closers_ (both seq_cst), so
+  // either the closer sees our count or we see it closed.
+  inflight_.fetch_add(1, std::memory_order_seq_cst);
+  if (closers_.load(std::memory_order_seq_cst) != 0) {
+    inflight_.fetch_sub(1, std::memory_order_seq_cst);
+    inflight_.notify_all();
+    return false;
+  }
+  note_enter(this);
+  return true;
+}
+
+void AccessGate::leave() {
+  note_leave(this);
+  inflight_.fetch_sub(1, std::memory_order_seq_cst);
+  if (closers_.load(std::memory_order_seq_cst) != 0) inflight_.notify_all();
+}
+
+void AccessGate::close_and_drain() {
+  closers_.fetch_add(1, std::memory_order_seq_cst);
+  const uint32_t mine = held_by_me(this);
+  for (;;) {
+    uint32_t v = inflight_.load(std::memory_order_seq_cst);
+    if (v <= mine) return;
+    inflight_.wait(v, std::memory_order_seq_cst);
+  }
+}
+
+void AccessGate::reopen() { closers_.fetch_sub(1, std::memory_order_seq_cst); }
+
+AccessGuard::AccessGuard(AccessGuard&& o) noexcept
+    : gate_(std::exchange(o.gate_, nullptr)), owner_(std::move(o.owner_)) {}
+
+AccessGuard& AccessGuard::operator=(AccessGuard&& o) noexcept {
+  if (this != &o) {
+    reset();
+    gate_ = std::exchange(o.gate_, nullptr);
+    owner_ = std::move(o.owner_);
+  }
+  return *this;
+}
+
+bool AccessGuard::acquire(AccessGate& gate, std::shared_ptr<void> owner) {
+  reset();
+  if (!gate.enter()) return false;
+  gate_ = &gate;
+  owner_ = std::move(owner);
+  return true;
+}
+
+void AccessGuard::reset() {
+  if (gate_ != nullptr) {
+    gate_->leave();
+    gate_ = nullptr;
+  }
+  owner_.reset();
+}
+
+// ---------------------------------------------------------------- Mr
 
 Mr::Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,
        uint32_t access)
@@ -50,8 +162,58 @@ Status check_mr_access(uint32_t access) {
   return Status::ok();
 }
 
+bool mr_access_writable(uint32_t access) {
+  return (access & (kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteAtomic |
+                    kAccessMwBind)) != 0;
+}
+
+Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t max_size) {
+  if (addr + length < addr) return Errc::kInval;  // wraps (ib_umem_get: EINVAL)
+  if (length > max_size) return Errc::kInval;
+  const uint64_t end = addr + length;
+  const bool need_write = mr_access_writable(access);
+  int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errc::kFault;
+  // Lines are "start-end perms offset dev inode [path]", sorted by start, non-overlapping.
+  // Read in chunks and stop as soon as the range is decided (most buffers sit low in the
+  // address space, so the kernel formats only the first few lines).
+  uint64_t cur = addr;
+  Status verdict = Errc::kFault;
+  bool decided = false;
+  std::string pending;
+  char buf[4096];
+  while (!decided) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t pos = 0;
+    for (size_t nl; !decided && (nl = pending.find('\n', pos)) != std::string::npos;
+         pos = nl + 1) {
+      const char* p = pending.c_str() + pos;
+      char* q = nullptr;
+      const uint64_t lo = std::strtoull(p, &q, 16);
+      if (q == nullptr || *q != '-') { decided = true; break; }  // unparsable: EFAULT
+      const uint64_t hi = std::strtoull(q + 1, &q, 16);
+      if (q == nullptr || *q != ' ') { decided = true; break; }
+      const char r = q[1], w = q[2];
+      if (hi <= cur) continue;
+      decided = true;
+      if (lo > cur) break;                  // a hole before this mapping: EFAULT
+      if (r != 'r') break;                  // PROT_NONE (or write-only)
+      if (need_write && w != 'w') break;    // read-only and write access requested
+      cur = hi;
+      decided = cur >= end;
+      if (decided) verdict = Status::ok();
+    }
+    pending.erase(0, pos);
+  }
+  ::close(fd);
+  return verdict;
+}
+
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
-                     ErrorsMode mode, uint64_t* host_addr) {
+                     ErrorsMode mode, uint64_t* host_addr, AccessGuard* guard) {
   // A zero-length SGE touches nothing; rxe skips it too.
   if (sge.length == 0) {
     if (host_addr != nullptr) *host_addr = 0;
@@ -62,12 +224,16 @@ WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool ne
     // Unknown/stale lkey: the spec says L_Key violation (LOC_PROT); rxe says LOC_QP_OP.
     return mode == ErrorsMode::kRxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr;
   }
+  // Enter before reading the view: while held, dereg/rereg cannot change it.
+  AccessGuard g;
+  if (guard != nullptr && !g.acquire(mr->gate(), mr)) return WcStatus::kLocProtErr;
   MrView v = mr->view();
   if (v.state != MrState::kValid || v.key != sge.lkey) return WcStatus::kLocProtErr;
   if (v.pd != pd) return WcStatus::kLocProtErr;                        // PD mismatch
   if (need_write && !(v.access & kAccessLocalWrite)) return WcStatus::kLocProtErr;
   if (!v.in_range(sge.addr, sge.length)) return WcStatus::kLocProtErr;  // bounds (S09)
   if (host_addr != nullptr) *host_addr = v.translate(sge.addr);
+  if (guard != nullptr) *guard = std::move(g);
   return WcStatus::kSuccess;
 }
 
@@ -77,6 +243,7 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   // C9-88: a zero-length READ/WRITE checks no key and touches nothing.
   if (len == 0 && !atomic) {
     if (out != nullptr) {
+      out->guard.reset();
       out->mr.reset();
       out->host_addr = 0;
     }
@@ -84,10 +251,15 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   }
   std::shared_ptr<Mr> mr;
   uint64_t iova = va;
+  // The gate of the object the key names is entered before its view is read (AccessGate):
+  // the MW's on the MW path (a bound MR cannot be deregistered or rereg'd, and unbinding
+  // drains the MW's gate), else the MR's. Only when the caller will copy (out != nullptr).
+  AccessGuard g;
   if (keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : KeyTable::key_index_is_mw(rkey)) {
     // MW path (rxe_lookup_mw + rxe_check_mw).
     std::shared_ptr<Mw> mw = keys.find_mw(rkey);
     if (!mw) return RkeyResult::kBadKey;
+    if (out != nullptr && !g.acquire(mw->gate(), mw)) return RkeyResult::kInvalidState;
     MwView w = mw->view();
     if (w.rkey != rkey) return RkeyResult::kBadKey;
     if (w.pd != qp_pd) return RkeyResult::kPdMismatch;
@@ -103,6 +275,7 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   } else {
     mr = keys.find_mr(rkey);
     if (!mr) return RkeyResult::kBadKey;
+    if (out != nullptr && !g.acquire(mr->gate(), mr)) return RkeyResult::kInvalidState;
     MrView v = mr->view();
     if (v.key != rkey) return RkeyResult::kBadKey;
     if (v.pd != qp_pd) return RkeyResult::kPdMismatch;
@@ -113,6 +286,7 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   if (!v.in_range(iova, len)) return RkeyResult::kOutOfRange;
   if (atomic && (iova & 7) != 0) return RkeyResult::kMisaligned;
   if (out != nullptr) {
+    out->guard = std::move(g);  // releases what out held before (a reused RemoteTarget)
     out->host_addr = v.translate(iova);
     out->mr = std::move(mr);
   }

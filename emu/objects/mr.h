@@ -17,6 +17,54 @@ namespace rnic::emu {
 
 class KeyTable;
 
+// An object's accesses in flight and whether new ones may start (issue 10 item 3). The data
+// path enters the gate of the MR (or MW) it resolved a key to before reading its view and
+// leaves when the copy is done (AccessGuard); deregistration, rereg, MW bind/invalidate and
+// close_device close it and wait for the count to drain, so after they return no access
+// through the object is running or can start. Cost per access: one atomic increment and one
+// decrement on the object's cache line plus a 16-entry thread-local table
+// (tests/bench/mem_access_bench.cc).
+class AccessGate {
+ public:
+  // Data path: false (nothing held) if the gate is closed.
+  bool enter();
+  void leave();
+  // Control path: refuse new entries, then wait until every access in flight on other
+  // threads has left. The calling thread's own guards on this gate are not waited for (a
+  // MemAccess hook or callback may deregister from inside an access; it cannot wait for
+  // itself). Each call must be paired with reopen() unless the object dies closed.
+  void close_and_drain();
+  // Undo one close_and_drain (rereg / bind / invalidate done). Closes nest: the gate opens
+  // when every closer has reopened, so two concurrent mutators cannot let an access in
+  // while the second one is still changing the object.
+  void reopen();
+  bool closed() const { return closers_.load(std::memory_order_acquire) != 0; }
+  uint32_t inflight() const { return inflight_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<uint32_t> inflight_{0};
+  std::atomic<uint32_t> closers_{0};
+};
+
+// RAII: one access in flight through a gate; keeps the gate's owner (Mr/Mw) alive.
+class AccessGuard {
+ public:
+  AccessGuard() = default;
+  AccessGuard(AccessGuard&& o) noexcept;
+  AccessGuard& operator=(AccessGuard&& o) noexcept;
+  AccessGuard(const AccessGuard&) = delete;
+  AccessGuard& operator=(const AccessGuard&) = delete;
+  ~AccessGuard() { reset(); }
+  // Enter `gate` (owned by *owner). false: closed, nothing held. Releases what was held.
+  bool acquire(AccessGate& gate, std::shared_ptr<void> owner);
+  void reset();
+  bool held() const { return gate_ != nullptr; }
+
+ private:
+  AccessGate* gate_ = nullptr;
+  std::shared_ptr<void> owner_;
+};
+
 enum class MrState : uint8_t { kInvalid = 0, kFree = 1, kValid = 2 };
 
 // A consistent snapshot of an MR's mutable fields (they change only under rereg).
@@ -58,6 +106,8 @@ class Mr {
   uint32_t access() const { return view().access; }
   // Number of memory windows currently bound to this MR (dereg/rereg refuse while > 0).
   uint32_t bound_mws() const { return bound_mws_.load(); }
+  // Accesses in flight through this MR (AccessGate).
+  AccessGate& gate() const { return gate_; }
 
   void* user_context = nullptr;
 
@@ -73,12 +123,27 @@ class Mr {
   MrState state_ = MrState::kValid;
   std::atomic<uint32_t> key_{0};
   std::atomic<uint32_t> bound_mws_{0};
+  mutable AccessGate gate_;
 };
 
 // Validate reg_mr access flags like rdma-core/the kernel: REMOTE_WRITE or REMOTE_ATOMIC
 // without LOCAL_WRITE -> EINVAL; unknown non-optional bits -> EINVAL; ON_DEMAND ->
 // EOPNOTSUPP. Optional-range bits (RELAXED_ORDERING...) are accepted and ignored.
 Status check_mr_access(uint32_t access);
+
+// Whether reg_mr needs the pages writable: LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC or
+// MW_BIND, as the kernel's ib_access_writable() (a bound window may grant remote write).
+bool mr_access_writable(uint32_t access);
+
+// Validate a registration range against this process's mappings, as the kernel's page pin
+// (ib_umem_get) would: [addr, addr+length) overflowing -> EINVAL; length > max_size ->
+// EINVAL; any byte unmapped (NULL, a hole) or in a mapping without read permission
+// (PROT_NONE) -> EFAULT; writable access (mr_access_writable) and a mapping without write
+// permission -> EFAULT. REQUIRES: length != 0. Reads /proc/self/maps once (control path:
+// one open/read/close, tens of microseconds; it is the only source of the protection bits —
+// mincore and process_vm_readv see mapped/readable but not writable, and probing writes
+// would race the application's own stores).
+Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t max_size);
 
 // Which status a bad local lkey produces. kSpec (default): IBV_WC_LOC_PROT_ERR for every
 // local protection failure. kRxe: IBV_WC_LOC_QP_OP_ERR for an unknown/stale lkey, as Linux
@@ -91,8 +156,12 @@ enum class ErrorsMode : uint8_t { kSpec = 0, kRxe = 1 };
 // overflow. A zero-length SGE is always fine (nothing is touched). Returns kSuccess and, if
 // host_addr != nullptr, the translated address; else kLocProtErr (or kLocQpOpErr for an
 // unknown lkey in kRxe mode). Hot path: one shared-locked lookup, no allocation.
+// With guard != nullptr the MR's gate is entered before its view is read and, on success,
+// held in *guard: the caller copies while holding it and dereg waits for it. Without a
+// guard nothing is held (a check-only call, or a legacy caller that copies unguarded).
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
-                     ErrorsMode mode = ErrorsMode::kSpec, uint64_t* host_addr = nullptr);
+                     ErrorsMode mode = ErrorsMode::kSpec, uint64_t* host_addr = nullptr,
+                     AccessGuard* guard = nullptr);
 
 // Outcome of a remote rkey check. Every failure is a Remote Access error (NAK 0x62,
 // requester IBV_WC_REM_ACCESS_ERR); the distinct values exist for counters and tests.
@@ -103,16 +172,19 @@ enum class RkeyResult : uint8_t {
   kMwWrongQp,       // type-2 MW bound to another QP
   kMwUnbound,       // MW length 0 or not VALID (type 1 unbound / type 2 FREE)
   kAccessDenied,    // MR/MW lacks a required REMOTE_* right
-  kInvalidState,    // MR not VALID
+  kInvalidState,    // MR not VALID, or MR/MW being deregistered/rebound (gate closed)
   kOutOfRange,      // [va, va+len) not inside the MR/window
   kMisaligned,      // atomic address not 8-byte aligned (callers map this to INV_REQ)
 };
 const char* rkey_result_name(RkeyResult r);
 
 // Where a successful remote check says the bytes are.
+// Holding it holds an access in flight on the MR or MW the rkey named (AccessGuard): copy
+// while it lives; dereg_mr / MW invalidation wait until it is destroyed or reset.
 struct RemoteTarget {
   std::shared_ptr<Mr> mr;  // keeps the MR alive while the caller copies
   uint64_t host_addr = 0;  // translated address of va
+  AccessGuard guard;       // declared last: released before mr
 };
 
 // Remote access check (§2.3), in rxe's order. `required` is kAccessRemoteRead,

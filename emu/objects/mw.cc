@@ -69,37 +69,53 @@ WcStatus MwOps::bind(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo&
   if (b.access & ~(kSupported | kAccessOptionalRange)) return kErr;
   const bool zero_based = (b.access & kAccessZeroBased) != 0;
 
-  std::lock_guard lk(mw->mu_);
-  if (mw->rkey_ != b.mw_rkey) return kErr;  // raced with another bind
-  if (mw->type_ == MwType::kType1) {
-    // 4. Type 1: VALID, and not zero-based (o10-36.2.2).
-    if (mw->state_ != MwState::kValid) return kErr;
-    if (zero_based) return kErr;
-  } else {
-    // 5. Type 2: FREE (o10-37.2.30); QP PD == MW PD (C10-72); MR and length != 0
-    // (o10-37.2.40: a type 2 MW cannot be invalidated by a zero-length bind).
-    if (mw->state_ != MwState::kFree) return kErr;
-    if (qp_pd != mw->pd_.get()) return kErr;
-    if (!mr || b.length == 0) return kErr;
-  }
-  if (mr) {
-    MrView v = mr->view();
-    if (v.state != MrState::kValid) return kErr;
-    if (v.pd != mw->pd_.get()) return kErr;  // MR and MW in the same PD
-    // 6. MR not zero-based; MR grants MW_BIND (C10-73).
-    if (v.access & kAccessZeroBased) return kErr;
-    if (!(v.access & kAccessMwBind)) return kErr;
-    // 7. A remote-write/atomic window needs LOCAL_WRITE on the MR (C10-74).
-    if ((b.access & (kAccessRemoteWrite | kAccessRemoteAtomic)) &&
-        !(v.access & kAccessLocalWrite))
-      return kErr;
-    // 8. The window lies inside the MR (C10-75).
-    if (zero_based) {
-      if (b.length > v.length || !v.in_range(b.addr, b.length)) return kErr;
-    } else if (!v.in_range(b.addr, b.length)) {
-      return kErr;
+  // Every check of §2.4, run under the MW lock (twice: before and after draining).
+  auto checks_locked = [&]() -> bool {
+    if (mw->rkey_ != b.mw_rkey) return false;  // raced with another bind
+    if (mw->type_ == MwType::kType1) {
+      // 4. Type 1: VALID, and not zero-based (o10-36.2.2).
+      if (mw->state_ != MwState::kValid) return false;
+      if (zero_based) return false;
+    } else {
+      // 5. Type 2: FREE (o10-37.2.30); QP PD == MW PD (C10-72); MR and length != 0
+      // (o10-37.2.40: a type 2 MW cannot be invalidated by a zero-length bind).
+      if (mw->state_ != MwState::kFree) return false;
+      if (qp_pd != mw->pd_.get()) return false;
+      if (!mr || b.length == 0) return false;
     }
+    if (mr) {
+      MrView v = mr->view();
+      if (v.state != MrState::kValid) return false;
+      if (v.pd != mw->pd_.get()) return false;  // MR and MW in the same PD
+      // 6. MR not zero-based; MR grants MW_BIND (C10-73).
+      if (v.access & kAccessZeroBased) return false;
+      if (!(v.access & kAccessMwBind)) return false;
+      // 7. A remote-write/atomic window needs LOCAL_WRITE on the MR (C10-74).
+      if ((b.access & (kAccessRemoteWrite | kAccessRemoteAtomic)) &&
+          !(v.access & kAccessLocalWrite))
+        return false;
+      // 8. The window lies inside the MR (C10-75).
+      if (zero_based) {
+        if (b.length > v.length || !v.in_range(b.addr, b.length)) return false;
+      } else if (!v.in_range(b.addr, b.length)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  {
+    std::lock_guard lk(mw->mu_);
+    if (!checks_locked()) return kErr;
   }
+  // Accesses in flight through the old binding finish before it changes (issue 10 item 3);
+  // drained unlocked (an accessor reads the view under mu_), then checked again.
+  mw->gate_.close_and_drain();
+  struct Reopen {
+    AccessGate& g;
+    ~Reopen() { g.reopen(); }
+  } reopen{mw->gate_};
+  std::lock_guard lk(mw->mu_);
+  if (!checks_locked()) return kErr;
   // Commit: new key byte from the application (ibv_inc_rkey), then the binding.
   Result<uint32_t> nk = keys.set_mw_key_byte(mw->rkey_, static_cast<uint8_t>(b.new_rkey));
   if (!nk) return kErr;
@@ -122,11 +138,24 @@ WcStatus MwOps::bind(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo&
 bool MwOps::invalidate(Device& dev, const Pd* qp_pd, uint32_t rkey) {
   std::shared_ptr<Mw> mw = dev.keys().find_mw(rkey);
   if (!mw) return false;  // unknown key, or an MR (no fast-reg MRs yet)
+  auto checks_locked = [&]() -> bool {
+    if (mw->rkey_ != rkey) return false;
+    if (mw->pd_.get() != qp_pd) return false;
+    if (mw->type_ != MwType::kType2) return false;  // o10-37.2.26
+    return mw->state_ == MwState::kValid;
+  };
+  {
+    std::lock_guard lk(mw->mu_);
+    if (!checks_locked()) return false;
+  }
+  // Accesses in flight through the window finish before it is invalidated (as bind).
+  mw->gate_.close_and_drain();
+  struct Reopen {
+    AccessGate& g;
+    ~Reopen() { g.reopen(); }
+  } reopen{mw->gate_};
   std::lock_guard lk(mw->mu_);
-  if (mw->rkey_ != rkey) return false;
-  if (mw->pd_.get() != qp_pd) return false;
-  if (mw->type_ != MwType::kType2) return false;  // o10-37.2.26
-  if (mw->state_ != MwState::kValid) return false;
+  if (!checks_locked()) return false;
   unbind_locked(*mw);
   mw->state_ = MwState::kFree;
   return true;

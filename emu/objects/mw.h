@@ -55,6 +55,9 @@ class Mw {
   uint32_t rkey() const;
   const std::shared_ptr<Pd>& pd() const { return pd_; }
   MwView view() const;
+  // Accesses in flight through this window (mr.h AccessGate); bind, invalidate and
+  // dealloc drain it before the binding changes.
+  AccessGate& gate() const { return gate_; }
 
   void* user_context = nullptr;
 
@@ -73,6 +76,7 @@ class Mw {
   uint32_t access_ = 0;
   bool zero_based_ = false;
   uint32_t qpn_ = 0;
+  mutable AccessGate gate_;
 };
 
 // Execute a BIND_MW WQE for the QP (qp_pd, qpn): the function the requester calls when
