@@ -137,25 +137,6 @@ QpTransition qp_transition(QpState cur, QpState next, QpType type) {
   return t;
 }
 
-WcOpcode wc_opcode_for(WrOpcode op) {
-  switch (op) {
-    case WrOpcode::kRdmaWrite:
-    case WrOpcode::kRdmaWriteWithImm: return WcOpcode::kRdmaWrite;
-    case WrOpcode::kSend:
-    case WrOpcode::kSendWithImm:
-    case WrOpcode::kSendWithInv: return WcOpcode::kSend;
-    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
-    case WrOpcode::kAtomicCmpAndSwp: return WcOpcode::kCompSwap;
-    case WrOpcode::kAtomicFetchAndAdd: return WcOpcode::kFetchAdd;
-    case WrOpcode::kLocalInv: return WcOpcode::kLocalInv;
-    case WrOpcode::kBindMw: return WcOpcode::kBindMw;
-    case WrOpcode::kTso: return WcOpcode::kTso;
-    case WrOpcode::kAtomicWrite: return WcOpcode::kAtomicWrite;
-    case WrOpcode::kDriver1: return WcOpcode::kSend;
-  }
-  return WcOpcode::kSend;
-}
-
 // ---------------------------------------------------------------- construction
 
 Qp::Qp(Device& dev, std::shared_ptr<Pd> pd, const QpInitAttr& init)
@@ -393,38 +374,10 @@ bool Qp::complete_send_head_locked(WcStatus status, uint32_t byte_len) {
 
 // ---------------------------------------------------------------- post
 
-namespace {
-bool opcode_valid(QpType t, WrOpcode op) {
-  switch (op) {
-    case WrOpcode::kSend:
-    case WrOpcode::kSendWithImm: return true;
-    case WrOpcode::kRdmaWrite:
-    case WrOpcode::kRdmaWriteWithImm:
-    case WrOpcode::kLocalInv:
-    case WrOpcode::kBindMw:
-    case WrOpcode::kSendWithInv: return t == QpType::kRc || t == QpType::kUc;
-    case WrOpcode::kRdmaRead:
-    case WrOpcode::kAtomicCmpAndSwp:
-    case WrOpcode::kAtomicFetchAndAdd:
-    case WrOpcode::kAtomicWrite: return t == QpType::kRc;
-    case WrOpcode::kTso:
-    case WrOpcode::kDriver1: return false;
-  }
-  return false;
-}
-bool inline_allowed(WrOpcode op) {
-  return op == WrOpcode::kSend || op == WrOpcode::kSendWithImm ||
-         op == WrOpcode::kSendWithInv || op == WrOpcode::kRdmaWrite ||
-         op == WrOpcode::kRdmaWriteWithImm;
-}
-bool is_atomic(WrOpcode op) {
-  return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd ||
-         op == WrOpcode::kAtomicWrite;
-}
-}  // namespace
-
 Status Qp::validate_send_wr(const SendWr& wr) const {
-  if (!opcode_valid(type_, wr.opcode)) return Errc::kInval;
+  // Validity, inline and operand rules come from the WR-opcode table (wr_opcode.h).
+  const uint32_t m = wr_mask(type_, wr.opcode);
+  if (m == 0) return Errc::kInval;
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_send_sge)
     return Errc::kInval;
   if (wr.num_sge > 0 && wr.sg_list == nullptr) return Errc::kInval;
@@ -432,10 +385,10 @@ Status Qp::validate_send_wr(const SendWr& wr) const {
   for (int i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
   if (len > kPortMaxMsgSz) return Errc::kInval;
   if (wr.send_flags & kSendInline) {
-    if (!inline_allowed(wr.opcode)) return Errc::kInval;
+    if (!(m & kWrInlineMask)) return Errc::kInval;
     if (len > cap_.max_inline_data) return Errc::kInval;
   }
-  if (is_atomic(wr.opcode) && len < 8) return Errc::kInval;
+  if ((m & (kWrAtomicMask | kWrAtomicWriteMask)) && len < 8) return Errc::kInval;  // operand
   if (type_ == QpType::kUd && wr.ud.ah == nullptr) return Errc::kInval;
   return Status::ok();
 }
@@ -464,7 +417,8 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
     w.signaled = sq_sig_all_ || (wr.send_flags & kSendSignaled);
     w.imm_data = wr.imm_data;
     w.invalidate_rkey = wr.invalidate_rkey;
-    if (is_atomic(wr.opcode)) {
+    const uint32_t m = wr_mask(type_, wr.opcode);
+    if (m & kWrAtomicFieldsMask) {
       w.remote_addr = wr.atomic.remote_addr;
       w.rkey = wr.atomic.rkey;
       w.compare_add = wr.atomic.compare_add;
@@ -479,7 +433,7 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
       w.remote_qpn = wr.ud.remote_qpn & kPsnMask;
       w.remote_qkey = wr.ud.remote_qkey;
     }
-    w.bind = wr.opcode == WrOpcode::kBindMw ? wr.bind_mw : BindInfo{};
+    w.bind = (m & kWrBindMask) ? wr.bind_mw : BindInfo{};
     w.length = 0;
     w.is_inline = (wr.send_flags & kSendInline) != 0;
     w.inline_len = 0;

@@ -16,6 +16,7 @@
 #include "emu/objects/transport_state.h"
 #include "emu/objects/types.h"
 #include "emu/objects/wqe.h"
+#include "emu/objects/wr_opcode.h"
 
 namespace rnic::emu {
 
@@ -198,7 +199,6 @@ class Qp : public std::enable_shared_from_this<Qp> {
   bool destroyed_ = false;
 };
 
-// WC opcode a send WQE completes with (IBV_WR_SEND -> IBV_WC_SEND, ...).
-WcOpcode wc_opcode_for(WrOpcode op);
+// wc_opcode_for(WrOpcode), the WC opcode a send WQE completes with, is in wr_opcode.h.
 
 }  // namespace rnic::emu

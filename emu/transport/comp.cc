@@ -2,10 +2,13 @@
 // retirement of send WQEs, retransmit and RNR timers with retry_cnt / rnr_retry.
 #include "emu/transport/comp.h"
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 
+#include "base/log.h"
 #include "emu/objects/device.h"
+#include "emu/objects/wr_opcode.h"
 #include "emu/transport/engine.h"
 #include "emu/transport/req.h"
 #include "wire/hdr.h"
@@ -35,14 +38,12 @@ uint64_t ack_timeout_ns(uint8_t timeout) {
 
 namespace {
 
-bool is_read(WrOpcode o) { return o == WrOpcode::kRdmaRead; }
-bool is_atomic(WrOpcode o) {
-  return o == WrOpcode::kAtomicCmpAndSwp || o == WrOpcode::kAtomicFetchAndAdd;
-}
-bool is_rd_atomic(WrOpcode o) { return is_read(o) || is_atomic(o); }
+// WR-opcode facts of w on qp (emu/objects/wr_opcode.h).
+uint32_t facts(const Qp& qp, const SendWqe& w) { return wr_mask(qp.type(), w.opcode); }
 
-uint32_t wc_byte_len(const SendWqe& w) {
-  if (is_atomic(w.opcode)) return 8;
+// byte_len of w's send completion: 8 for an atomic (the original value), else the length.
+uint32_t wc_byte_len(const Qp& qp, const SendWqe& w) {
+  if (facts(qp, w) & kWrAtomicMask) return 8;
   return static_cast<uint32_t>(w.length);
 }
 
@@ -58,7 +59,7 @@ void fail_qp(Qp& qp, bool sqe) {
 
 // Marks WQE w failed with status st (the completer retires it, then the QP fails).
 void fail_wqe(Qp& qp, SendWqe& w, WcStatus st) {
-  if (is_rd_atomic(w.opcode) && w.state != WqeState::kDone && qp.req_.rd_atomic_inflight > 0 &&
+  if ((facts(qp, w) & kWrRdAtomicMask) && w.state != WqeState::kDone && qp.req_.rd_atomic_inflight > 0 &&
       (w.state == WqeState::kPending || w.state == WqeState::kProcessing))
     --qp.req_.rd_atomic_inflight;
   w.status = st;
@@ -91,7 +92,7 @@ bool ack_through(Engine& e, Qp& qp, uint32_t psn, bool* lost) {
     if (w.state == WqeState::kDone) continue;
     if (w.state != WqeState::kPending && w.state != WqeState::kProcessing) break;
     if (psn_diff(psn, w.first_psn) < 0) break;
-    if (is_rd_atomic(w.opcode)) {
+    if (facts(qp, w) & kWrRdAtomicMask) {
       *lost = true;
       break;
     }
@@ -180,7 +181,7 @@ void comp_retire(Engine& e, Qp& qp) {
   while (!sq.empty()) {
     SendWqe& w = sq.head();
     if (w.state == WqeState::kDone) {
-      bool ok = qp.complete_send_head_locked(WcStatus::kSuccess, wc_byte_len(w));
+      bool ok = qp.complete_send_head_locked(WcStatus::kSuccess, wc_byte_len(qp, w));
       if (r.pos > 0) --r.pos;
       if (!ok) {  // send CQ overflow: IBA Class G, the QP goes to ERR
         fail_qp(qp, false);
@@ -190,7 +191,7 @@ void comp_retire(Engine& e, Qp& qp) {
     }
     if (w.state == WqeState::kError) {
       WcStatus st = w.status;
-      (void)qp.complete_send_head_locked(st, wc_byte_len(w));
+      (void)qp.complete_send_head_locked(st, wc_byte_len(qp, w));
       if (r.pos > 0) --r.pos;
       // Spec: a UC/UD send error takes the QP to SQE; RC to ERR (and remote errors too).
       fail_qp(qp, qp.type() != QpType::kRc);
@@ -201,124 +202,234 @@ void comp_retire(Engine& e, Qp& qp) {
   comp_check_sq_drained(qp);
 }
 
-void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
-  ReqState& r = qp.req_;
-  CompState& c = qp.comp_;
-  if (!r.ready || c.dead || qp.type() != QpType::kRc) return;
-  const uint32_t psn = p.bth().psn();
+// ---------------------------------------------------------------- response state machine
+
+namespace {
+
+// Completer steps (rxe enum comp_state, trimmed to what an RC response can need here). One
+// response packet walks CHECK_PSN -> CHECK_ACK -> one of the handlers -> UPDATE_COMP ->
+// COMPLETE_WQE -> [ERROR_RETRY] -> DONE; DROP leaves the QP untouched.
+enum class CompStep : uint8_t {
+  kCheckPsn,      // the response names a PSN we sent and that is not acknowledged yet
+  kCheckAck,      // classify: ACK, NAK, RNR NAK, READ response, ATOMIC ACK
+  kWriteSend,     // positive ACK: SEND/WRITE WQEs through its PSN are done (IBA 9.7.5.1.1)
+  kImplicitAck,   // NAK / READ response / ATOMIC ACK: every earlier PSN is acknowledged
+  kRnrRetry,      // RNR NAK: wait the RNR timer, or fail the WQE when rnr_retry is spent
+  kNak,           // NAK: PSN sequence error -> go back N; other codes fail the WQE
+  kGetWqe,        // the oldest outstanding WQE must be the READ/ATOMIC this answers
+  kCheckSeq,      // a response ahead of comp psn means one was lost: go back N (latched)
+  kRead,          // READ response: scatter the payload, the last one completes the WQE
+  kAtomic,        // ATOMIC ACK: scatter the original value, complete the WQE
+  kUpdateComp,    // forward progress: retry counters back to full, retransmit timer re-armed
+  kCompleteWqe,   // retire finished WQEs from the SQ head in order (CQEs)
+  kErrorRetry,    // go back N (spends a retry_cnt, or fails with RETRY_EXC_ERR)
+  kDone,          // run the requester (window opened, retry) and return
+  kDrop,          // silent drop: stale, duplicate or unsent PSN
+};
+constexpr std::array<const char*, 15> kCompStepNames = {
+    "CHECK_PSN", "CHECK_ACK",  "WRITE_SEND",   "IMPLICIT_ACK", "RNR_RETRY",
+    "NAK",       "GET_WQE",    "CHECK_SEQ",    "READ",         "ATOMIC",
+    "UPDATE_COMP", "COMPLETE_WQE", "ERROR_RETRY", "DONE",      "DROP"};
+static_assert(kCompStepNames.size() == static_cast<size_t>(CompStep::kDrop) + 1);
+
+const char* comp_step_name(CompStep s) { return kCompStepNames[static_cast<size_t>(s)]; }
+
+// One response packet and what handling it decided.
+struct Resp {
+  const wire::PacketView& p;
+  uint32_t psn;
+  SendWqe* wqe = nullptr;  // kGetWqe: the READ/ATOMIC WQE this response answers
+  bool progress = false;   // something was acknowledged: kUpdateComp runs on_progress
+  bool retry = false;      // go back N after retiring
+};
+
+// Go back N once per episode of lost responses (the latch clears on forward progress).
+void latch_retry(CompState& c, Resp& k) {
+  if (c.retry_latched) return;
+  c.retry_latched = true;
+  k.retry = true;
+}
+
+CompStep check_psn(Qp& qp, const Resp& k) {
   // A response must name a PSN we have sent (not yet-unsent or spoofed-ahead ones) and not
   // one already acknowledged.
-  if (psn_diff(psn, r.max_psn) >= 0) return;
-  if (psn_diff(psn, c.psn) < 0) return;  // old / duplicate response
+  if (psn_diff(k.psn, qp.req_.max_psn) >= 0) return CompStep::kDrop;
+  if (psn_diff(k.psn, qp.comp_.psn) < 0) return CompStep::kDrop;  // old / duplicate
+  return CompStep::kCheckAck;
+}
 
-  bool progress = false;
+CompStep check_ack(const Resp& k) {
+  if (k.p.opcode == op::kRcAcknowledge)
+    return aeth::is_ack(k.p.aeth().syndrome()) ? CompStep::kWriteSend : CompStep::kImplicitAck;
+  // READ responses and ATOMIC ACKs acknowledge every request before them.
+  if (k.p.has(wire::kAckMask)) return CompStep::kImplicitAck;
+  return CompStep::kUpdateComp;  // not a response (recv.cc routes only kAckMask opcodes here)
+}
+
+CompStep write_send(Engine& e, Qp& qp, Resp& k) {
   bool lost = false;
-  bool retry = false;
-  Ring<SendWqe>& sq = qp.sq();
+  k.progress = ack_through(e, qp, k.psn, &lost);
+  if (lost) latch_retry(qp.comp_, k);
+  return CompStep::kUpdateComp;
+}
 
-  if (p.opcode == op::kRcAcknowledge) {
-    const uint8_t syn = p.aeth().syndrome();
-    if (aeth::is_ack(syn)) {
-      progress = ack_through(e, qp, psn, &lost);
-      if (lost && !c.retry_latched) {
-        c.retry_latched = true;
-        retry = true;
-      }
-    } else {
-      // NAKs acknowledge every PSN before theirs (IBA 9.7.5.1.2).
-      bool dummy = false;
-      progress = ack_through(e, qp, psn_add(psn, wire::kPsnMask), &dummy);
-      if (aeth::is_rnr_nak(syn)) {
-        bump(c.ctr, e.counters(), Ctr::kRcvdRnrErr);
-        int i = first_active(qp);
-        if (i >= 0) {
-          if (c.rnr_left == 0) {
-            bump(c.ctr, e.counters(), Ctr::kRnrNakRetryErr);
-            fail_wqe(qp, sq.at(static_cast<uint32_t>(i)), WcStatus::kRnrRetryExcErr);
-          } else {
-            if (c.rnr_retry != 7) --c.rnr_left;
-            r.rnr_wait = true;
-            c.retrans_deadline_ns = 0;  // a timeout during an RNR wait is deferred
-            c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(syn));
-            e.arm_timer(c.rnr_deadline_ns);
-          }
-        }
-      } else if (aeth::is_nak(syn)) {
-        const uint8_t code = aeth::value(syn);
-        if (code == aeth::kNakPsnSeqError) {
-          bump(c.ctr, e.counters(), Ctr::kRcvdSeqErr);
-          retry = true;
-        } else {
-          bump(c.ctr, e.counters(), Ctr::kNakRcvd);
-          if (code == aeth::kNakRemoteAccessError)
-            bump(c.ctr, e.counters(), Ctr::kRemAccessNakRcvd);
-          // The WQE whose PSN range holds the NAK's PSN fails.
-          const uint32_t lim = std::min(r.pos + 1, sq.size());
-          for (uint32_t i = 0; i < lim; ++i) {
-            SendWqe& w = sq.at(i);
-            if (w.state != WqeState::kPending && w.state != WqeState::kProcessing) continue;
-            if (psn_diff(psn, w.first_psn) >= 0 && psn_diff(psn, w.last_psn) <= 0) {
-              fail_wqe(qp, w, nak_status(code));
-              break;
-            }
-          }
-        }
-      }
-    }
-  } else if (p.has(wire::kAckMask)) {
-    // READ response or ATOMIC ACK: implicitly acknowledges earlier requests.
-    bool dummy = false;
-    if (ack_through(e, qp, psn_add(psn, wire::kPsnMask), &dummy)) progress = true;
-    int i = first_active(qp);
-    if (i >= 0) {
-      SendWqe& w = sq.at(static_cast<uint32_t>(i));
-      const bool is_atomic_ack = p.opcode == op::kRcAtomicAcknowledge;
-      const bool match = is_atomic_ack ? is_atomic(w.opcode) : is_read(w.opcode);
-      if (match && psn_diff(psn, w.first_psn) >= 0 && psn_diff(psn, w.last_psn) <= 0) {
-        if (psn != c.psn) {
-          // A response is missing (psn > c.psn): go back once per episode.
-          if (!c.retry_latched) {
-            c.retry_latched = true;
-            retry = true;
-          }
-        } else if (is_atomic_ack) {
-          uint64_t orig = p.atomic_ack_eth().orig();
-          WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, 0,
-                                     reinterpret_cast<const uint8_t*>(&orig), 8);
-          if (st != WcStatus::kSuccess) {
-            fail_wqe(qp, w, WcStatus::kLocProtErr);
-          } else {
-            w.state = WqeState::kDone;
-            if (r.rd_atomic_inflight > 0) --r.rd_atomic_inflight;
-          }
-          c.psn = psn_add(psn, 1);
-          progress = true;
-        } else {
-          const uint64_t off = static_cast<uint64_t>(psn_diff(psn, w.first_psn)) * r.mtu;
-          const bool last = psn == w.last_psn;
-          const uint64_t want = last ? w.length - off : r.mtu;
-          if (off <= w.length && p.payload_len == want) {
-            WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, off,
-                                       p.payload, p.payload_len);
-            if (st != WcStatus::kSuccess) {
-              fail_wqe(qp, w, WcStatus::kLocProtErr);
-            } else if (last) {
-              w.state = WqeState::kDone;
-              if (r.rd_atomic_inflight > 0) --r.rd_atomic_inflight;
-            }
-            c.psn = psn_add(psn, 1);
-            progress = true;
-          }
-          // A response of the wrong size is dropped (the retry timer recovers).
-        }
-      }
+CompStep implicit_ack(Engine& e, Qp& qp, Resp& k) {
+  bool lost = false;  // an unanswered READ/ATOMIC before a NAK is not a loss
+  k.progress = ack_through(e, qp, psn_add(k.psn, wire::kPsnMask), &lost);
+  if (k.p.opcode != op::kRcAcknowledge) return CompStep::kGetWqe;
+  const uint8_t syn = k.p.aeth().syndrome();
+  if (aeth::is_rnr_nak(syn)) return CompStep::kRnrRetry;
+  if (aeth::is_nak(syn)) return CompStep::kNak;
+  return CompStep::kUpdateComp;  // reserved syndrome: only the implicit acknowledgement
+}
+
+CompStep rnr_retry(Engine& e, Qp& qp, const Resp& k) {
+  CompState& c = qp.comp_;
+  bump(c.ctr, e.counters(), Ctr::kRcvdRnrErr);
+  int i = first_active(qp);
+  if (i < 0) return CompStep::kUpdateComp;
+  if (c.rnr_left == 0) {
+    bump(c.ctr, e.counters(), Ctr::kRnrNakRetryErr);
+    fail_wqe(qp, qp.sq().at(static_cast<uint32_t>(i)), WcStatus::kRnrRetryExcErr);
+    return CompStep::kUpdateComp;
+  }
+  if (c.rnr_retry != 7) --c.rnr_left;
+  qp.req_.rnr_wait = true;
+  c.retrans_deadline_ns = 0;  // a timeout during an RNR wait is deferred
+  c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(k.p.aeth().syndrome()));
+  e.arm_timer(c.rnr_deadline_ns);
+  return CompStep::kUpdateComp;
+}
+
+CompStep nak(Engine& e, Qp& qp, Resp& k) {
+  CompState& c = qp.comp_;
+  const uint8_t code = aeth::value(k.p.aeth().syndrome());
+  if (code == aeth::kNakPsnSeqError) {
+    bump(c.ctr, e.counters(), Ctr::kRcvdSeqErr);
+    k.retry = true;
+    return CompStep::kUpdateComp;
+  }
+  bump(c.ctr, e.counters(), Ctr::kNakRcvd);
+  if (code == aeth::kNakRemoteAccessError) bump(c.ctr, e.counters(), Ctr::kRemAccessNakRcvd);
+  // The WQE whose PSN range holds the NAK's PSN fails.
+  Ring<SendWqe>& sq = qp.sq();
+  const uint32_t lim = std::min(qp.req_.pos + 1, sq.size());
+  for (uint32_t i = 0; i < lim; ++i) {
+    SendWqe& w = sq.at(i);
+    if (w.state != WqeState::kPending && w.state != WqeState::kProcessing) continue;
+    if (psn_diff(k.psn, w.first_psn) >= 0 && psn_diff(k.psn, w.last_psn) <= 0) {
+      fail_wqe(qp, w, nak_status(code));
+      break;
     }
   }
+  return CompStep::kUpdateComp;
+}
 
-  if (progress) on_progress(e, qp);
-  comp_retire(e, qp);
-  if (retry && qp.state() == QpState::kRts) do_retry(e, qp);
-  req_run(e, qp);
+CompStep get_wqe(Qp& qp, Resp& k) {
+  int i = first_active(qp);
+  if (i < 0) return CompStep::kUpdateComp;
+  SendWqe& w = qp.sq().at(static_cast<uint32_t>(i));
+  const bool is_atomic_ack = k.p.opcode == op::kRcAtomicAcknowledge;
+  if (!(facts(qp, w) & (is_atomic_ack ? kWrAtomicMask : kWrReadMask)))
+    return CompStep::kUpdateComp;
+  if (psn_diff(k.psn, w.first_psn) < 0 || psn_diff(k.psn, w.last_psn) > 0)
+    return CompStep::kUpdateComp;
+  k.wqe = &w;
+  return CompStep::kCheckSeq;
+}
+
+CompStep check_seq(Qp& qp, Resp& k) {
+  if (k.psn != qp.comp_.psn) {
+    latch_retry(qp.comp_, k);  // a response is missing (psn > comp psn)
+    return CompStep::kUpdateComp;
+  }
+  return k.p.opcode == op::kRcAtomicAcknowledge ? CompStep::kAtomic : CompStep::kRead;
+}
+
+// The READ/ATOMIC WQE k.wqe is answered in full.
+void rd_atomic_done(Qp& qp, SendWqe& w) {
+  w.state = WqeState::kDone;
+  if (qp.req_.rd_atomic_inflight > 0) --qp.req_.rd_atomic_inflight;
+}
+
+CompStep atomic_ack(Engine& e, Qp& qp, Resp& k) {
+  SendWqe& w = *k.wqe;
+  uint64_t orig = k.p.atomic_ack_eth().orig();
+  WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, 0,
+                             reinterpret_cast<const uint8_t*>(&orig), 8);
+  if (st != WcStatus::kSuccess) {
+    fail_wqe(qp, w, WcStatus::kLocProtErr);
+  } else {
+    rd_atomic_done(qp, w);
+  }
+  qp.comp_.psn = psn_add(k.psn, 1);
+  k.progress = true;
+  return CompStep::kUpdateComp;
+}
+
+CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
+  SendWqe& w = *k.wqe;
+  const uint32_t mtu = qp.req_.mtu;
+  const uint64_t off = static_cast<uint64_t>(psn_diff(k.psn, w.first_psn)) * mtu;
+  const bool last = k.psn == w.last_psn;
+  const uint64_t want = last ? w.length - off : mtu;
+  // A response of the wrong size is dropped (the retry timer recovers).
+  if (off > w.length || k.p.payload_len != want) return CompStep::kUpdateComp;
+  WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, off, k.p.payload,
+                             k.p.payload_len);
+  if (st != WcStatus::kSuccess) {
+    fail_wqe(qp, w, WcStatus::kLocProtErr);
+  } else if (last) {
+    rd_atomic_done(qp, w);
+  }
+  qp.comp_.psn = psn_add(k.psn, 1);
+  k.progress = true;
+  return CompStep::kUpdateComp;
+}
+
+}  // namespace
+
+void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
+  if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
+  Resp k{p, p.bth().psn()};
+  const bool trace = base::log_enabled(base::LogLevel::kTrace);  // one branch per packet off
+  CompStep st = CompStep::kCheckPsn;
+  for (;;) {
+    CompStep next;
+    switch (st) {
+      case CompStep::kCheckPsn: next = check_psn(qp, k); break;
+      case CompStep::kCheckAck: next = check_ack(k); break;
+      case CompStep::kWriteSend: next = write_send(e, qp, k); break;
+      case CompStep::kImplicitAck: next = implicit_ack(e, qp, k); break;
+      case CompStep::kRnrRetry: next = rnr_retry(e, qp, k); break;
+      case CompStep::kNak: next = nak(e, qp, k); break;
+      case CompStep::kGetWqe: next = get_wqe(qp, k); break;
+      case CompStep::kCheckSeq: next = check_seq(qp, k); break;
+      case CompStep::kRead: next = read_resp(e, qp, k); break;
+      case CompStep::kAtomic: next = atomic_ack(e, qp, k); break;
+      case CompStep::kUpdateComp:
+        if (k.progress) on_progress(e, qp);
+        next = CompStep::kCompleteWqe;
+        break;
+      case CompStep::kCompleteWqe:
+        comp_retire(e, qp);
+        next = k.retry && qp.state() == QpState::kRts ? CompStep::kErrorRetry : CompStep::kDone;
+        break;
+      case CompStep::kErrorRetry:
+        do_retry(e, qp);
+        next = CompStep::kDone;
+        break;
+      case CompStep::kDone:
+        req_run(e, qp);
+        return;
+      case CompStep::kDrop:
+        return;
+    }
+    if (trace)
+      RNIC_TRACE("comp qp %u psn %u: %s -> %s", qp.qpn(), k.psn, comp_step_name(st),
+                 comp_step_name(next));
+    st = next;
+  }
 }
 
 void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
