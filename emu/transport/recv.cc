@@ -1,7 +1,10 @@
 // emu/transport/recv.cc: ingress checks in the order of checks-and-faults §2.1 (ICRC first), then
-// dispatch to resp (requests) or comp (responses).
+// dispatch to resp (requests) or comp (responses); each drop logs one rate-limited line.
 #include "emu/transport/recv.h"
 
+#include <arpa/inet.h>
+
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -15,7 +18,34 @@
 
 namespace rnic::emu {
 
+EndpointText::EndpointText(const wire::Endpoint& ep) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  (void)inet_ntop(ep.ipv6 ? AF_INET6 : AF_INET, ep.addr, ip, sizeof(ip));
+  std::snprintf(s_, sizeof(s_), ep.ipv6 ? "[%s]:%u" : "%s:%u", ip, unsigned{ep.port});
+}
+
+const char* opcode_log_name(uint8_t opcode) {
+  const char* n = wire::opcode_info(opcode).name;
+  return n != nullptr ? n : "UNKNOWN";
+}
+
 namespace {
+
+// BTH fields of a packet that may not have parsed (for a drop line); zero when too short.
+struct RawBth {
+  uint32_t qpn = 0;
+  uint8_t opcode = 0;
+  uint32_t psn = 0;
+};
+RawBth raw_bth(std::span<const uint8_t> roce) {
+  RawBth r;
+  if (roce.size() < wire::kBthBytes) return r;
+  wire::ConstBth b(roce.data());
+  r.qpn = b.dest_qp();
+  r.opcode = b.opcode();
+  r.psn = b.psn();
+  return r;
+}
 
 bool type_matches(QpType t, uint8_t opcode) {
   switch (t) {
@@ -55,9 +85,19 @@ AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
   return cur == want ? AddrCheck::kOk : AddrCheck::kBadPort;
 }
 
-// Counts a failed address check (IP mismatch or strict source port).
-void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc) {
-  bump(qc, dc, a == AddrCheck::kBadPort ? Ctr::kDropSrcPort : Ctr::kDropAddr);
+// Counts and logs a failed address check (IP mismatch or strict source port).
+void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc, const wire::RxDesc& d,
+                     const wire::PacketView& p) {
+  const auto bth = p.bth();
+  if (a == AddrCheck::kBadPort) {
+    bump(qc, dc, Ctr::kDropSrcPort);
+    RNIC_PKT_LOG("drop", "strict source check refused the UDP source port", Ctr::kDropSrcPort,
+                 d.src, bth.dest_qp(), p.opcode, bth.psn());
+  } else {
+    bump(qc, dc, Ctr::kDropAddr);
+    RNIC_PKT_LOG("drop", "source/destination IP is not the QP's peer", Ctr::kDropAddr, d.src,
+                 bth.dest_qp(), p.opcode, bth.psn());
+  }
 }
 
 }  // namespace
@@ -68,6 +108,8 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   // 1. ICRC first: a corrupted packet must never touch QP state (§2.1 item 7).
   if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) {
     dc.add(Ctr::kDropMalformed);
+    RNIC_PKT_LOG("drop", "datagram shorter than BTH + ICRC", Ctr::kDropMalformed, d.src,
+                 raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
     return;
   }
   wire::IpUdpMeta meta = wire::meta_between(d.src, d.dst, static_cast<uint16_t>(d.ip_id + seg_index));
@@ -83,18 +125,24 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
       ok = wire::icrc_solve_ip_id(meta, roce).has_value();
     if (!ok) {
       dc.add(Ctr::kIcrcErr);
+      RNIC_PKT_LOG("drop", "bad ICRC", Ctr::kIcrcErr, d.src, raw_bth(roce).qpn,
+                   raw_bth(roce).opcode, raw_bth(roce).psn);
       return;
     }
   }
   // 2. Parse (lengths, TVer, opcode).
   wire::PacketView p;
-  if (wire::parse_roce(roce, &p) != wire::ParseError::kOk) {
+  if (wire::ParseError pe = wire::parse_roce(roce, &p); pe != wire::ParseError::kOk) {
     dc.add(Ctr::kDropMalformed);
+    RNIC_PKT_LOG_D("drop", "malformed:", wire::parse_error_name(pe), Ctr::kDropMalformed,
+                   d.src, raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
     return;
   }
   const bool is_req = p.has(wire::kReqMask);
   if (!is_req && !p.has(wire::kAckMask)) {  // CNP and the like: nothing to do
     dc.add(Ctr::kDropBadState);
+    RNIC_PKT_LOG("drop", "neither a request nor a response (CNP?)", Ctr::kDropBadState, d.src,
+                 p.bth().dest_qp(), p.opcode, p.bth().psn());
     return;
   }
   // 3. QPN (0 and the multicast QPN are not served).
@@ -102,11 +150,14 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   const uint32_t qpn = bth.dest_qp();
   if (qpn == 0 || qpn == wire::kPsnMask) {
     dc.add(Ctr::kDropUnknownQpn);
+    RNIC_PKT_LOG("drop", "QP0 / multicast QPN not served", Ctr::kDropUnknownQpn, d.src, qpn,
+                 p.opcode, bth.psn());
     return;
   }
   std::shared_ptr<Qp> qp = e.device().find_qp(qpn);
   if (!qp) {
     dc.add(Ctr::kDropUnknownQpn);
+    RNIC_PKT_LOG("drop", "unknown QPN", Ctr::kDropUnknownQpn, d.src, qpn, p.opcode, bth.psn());
     return;
   }
   Counters& qc = qp->comp_.ctr;
@@ -116,14 +167,23 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   const bool state_ok = is_req ? (st == QpState::kRtr || st == QpState::kRts ||
                                   st == QpState::kSqd || st == QpState::kSqe)
                                : (st == QpState::kRts || st == QpState::kSqd);
-  if (!type_matches(qp->type(), p.opcode) || !state_ok) {
+  if (!type_matches(qp->type(), p.opcode)) {
     bump(qc, dc, Ctr::kDropBadState);
+    RNIC_PKT_LOG_D("drop", "opcode is not for a QP of type", qp_type_name(qp->type()),
+                   Ctr::kDropBadState, d.src, qpn, p.opcode, bth.psn());
+    return;
+  }
+  if (!state_ok) {
+    bump(qc, dc, Ctr::kDropBadState);
+    RNIC_PKT_LOG_D("drop", is_req ? "request refused in QP state" : "response refused in QP state",
+                   qp_state_name(st), Ctr::kDropBadState, d.src, qpn, p.opcode, bth.psn());
     return;
   }
   // 5. P_Key.
   if (!pkey_ok(bth.pkey())) {
     bump(qc, dc, Ctr::kBadPkeyCntr);
     e.device().count_bad_pkey();
+    RNIC_PKT_LOG("drop", "bad P_Key", Ctr::kBadPkeyCntr, d.src, qpn, p.opcode, bth.psn());
     return;
   }
 
@@ -131,18 +191,26 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
     RespOutcome out;
     {
       std::lock_guard lk(qp->recv_mutex());
-      if (qp->comp_.dead) return;
+      if (qp->comp_.dead) {
+        RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
+        return;
+      }
       // 6. Address binding (RC/UC) and Q_Key (UD).
       if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
-        count_addr_drop(a, qc, dc);
+        count_addr_drop(a, qc, dc, d, p);
         return;
       }
       if (qp->type() == QpType::kUd && p.deth().qkey() != qp->attr().qkey) {
         bump(qc, dc, Ctr::kQkeyViolCntr);
         e.device().count_qkey_viol();
+        RNIC_PKT_LOG("drop", "Q_Key mismatch", Ctr::kQkeyViolCntr, d.src, qpn, p.opcode,
+                     bth.psn());
         return;
       }
       bump(qc, dc, Ctr::kRcvdPkts);
+      RNIC_TRACE("rx: %s from %s to qpn 0x%x psn %u len %zu -> responder",
+                 opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
+                 p.payload_len);
       out = resp_on_packet(e, *qp, p, d);
     }
     if (out == RespOutcome::kFatal) {
@@ -153,12 +221,18 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
     return;
   }
   std::lock_guard lk(qp->send_mutex());
-  if (qp->comp_.dead) return;
+  if (qp->comp_.dead) {
+    RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
+    return;
+  }
   if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
-    count_addr_drop(a, qc, dc);
+    count_addr_drop(a, qc, dc, d, p);
     return;
   }
   bump(qc, dc, Ctr::kRcvdPkts);
+  RNIC_TRACE("rx: %s from %s to qpn 0x%x psn %u len %zu -> completer",
+             opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
+             p.payload_len);
   comp_on_packet(e, *qp, p);
 }
 

@@ -8,11 +8,56 @@
 #include <cstdint>
 #include <span>
 
+#include "base/log.h"
+#include "emu/objects/counters.h"
 #include "wire/port.h"
 
 namespace rnic::emu {
 
 class Engine;
+
+// ---- logging a dropped or refused packet (ingress and responder) ----
+// "127.0.0.3:51234" / "[::1]:4791" in a stack buffer: no allocation, so a log line can be
+// formatted on a receive path. Used only inside an enabled log branch.
+class EndpointText {
+ public:
+  explicit EndpointText(const wire::Endpoint& ep);
+  const char* c_str() const { return s_; }
+
+ private:
+  char s_[56];
+};
+// The opcode's IBA name ("RC_SEND_ONLY"), or "UNKNOWN" for an opcode without a table row.
+const char* opcode_log_name(uint8_t opcode);
+
+}  // namespace rnic::emu
+
+// One rate-limited kWarn line for a dropped or refused packet (per call site, rxe's
+// pr_warn_ratelimited), naming what happened, where the packet came from, its destination QPN,
+// opcode and PSN, and the counter that counted it:
+//   "drop: bad ICRC from 127.0.0.3:51234 to qpn 0x11 op RC_SEND_ONLY psn 12 (icrc_err)"
+// kind is "drop" or "nak"; ctr is the emu::Ctr the caller bumped.
+// Off (the default threshold is error): one relaxed load and a branch; nothing is formatted.
+#define RNIC_PKT_LOG(kind, what, ctr, src, qpn, opcode, psn)                                  \
+  RNIC_LOG_RL(kWarn, "%s: %s from %s to qpn 0x%x op %s psn %u (%.*s)", kind, what,             \
+              ::rnic::emu::EndpointText(src).c_str(), static_cast<unsigned>(qpn),            \
+              ::rnic::emu::opcode_log_name(opcode), static_cast<unsigned>(psn),              \
+              static_cast<int>(::rnic::emu::counter_name(ctr).size()),                       \
+              ::rnic::emu::counter_name(ctr).data())
+// As RNIC_PKT_LOG with a second, variable string after what ("QP state" "RTR").
+#define RNIC_PKT_LOG_D(kind, what, detail, ctr, src, qpn, opcode, psn)                        \
+  RNIC_LOG_RL(kWarn, "%s: %s %s from %s to qpn 0x%x op %s psn %u (%.*s)", kind, what, detail,  \
+              ::rnic::emu::EndpointText(src).c_str(), static_cast<unsigned>(qpn),            \
+              ::rnic::emu::opcode_log_name(opcode), static_cast<unsigned>(psn),              \
+              static_cast<int>(::rnic::emu::counter_name(ctr).size()),                       \
+              ::rnic::emu::counter_name(ctr).data())
+// As RNIC_PKT_LOG for a drop no counter records (a QP being torn down, not yet ready).
+#define RNIC_PKT_LOG_NC(kind, what, src, qpn, opcode, psn)                                    \
+  RNIC_LOG_RL(kWarn, "%s: %s from %s to qpn 0x%x op %s psn %u (not counted)", kind, what,      \
+              ::rnic::emu::EndpointText(src).c_str(), static_cast<unsigned>(qpn),            \
+              ::rnic::emu::opcode_log_name(opcode), static_cast<unsigned>(psn))
+
+namespace rnic::emu {
 
 // Handles one RoCE datagram (BTH .. ICRC). seg_index is its index within a GRO buffer (its
 // IPv4 ID is d.ip_id + seg_index). Runs in the engine's receive context (rx lock held).

@@ -1,6 +1,7 @@
 // emu/transport/resp.cc: the responder state machine (rxe_resp.c order: PSN, opcode sequence, access,
 // resources, length, rkey, execute, complete, acknowledge) with the error classes mapped to
-// NAK syndromes and receive completions in one place; duplicate replay; UD delivery.
+// NAK syndromes and receive completions in one place; duplicate replay; UD delivery. Every
+// refusal (NAK, RNR, drop, duplicate) logs one rate-limited line; each step traces.
 #include "emu/transport/resp.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "emu/transport/engine.h"
 #include "emu/objects/mr.h"
 #include "emu/objects/mw.h"
+#include "emu/transport/recv.h"
 #include "emu/transport/req.h"
 #include "wire/byteorder.h"
 #include "wire/psn.h"
@@ -50,11 +52,13 @@ enum class Step : uint8_t {
   kErrInvalidate,   // Class J: SEND_WITH_INV could not invalidate: recv WC, QP -> ERR
   kErrNakSent,      // a READ response failed its rkey re-check: NAK already sent, QP -> ERR
 };
-[[maybe_unused]] constexpr std::array<const char*, 20> kStepNames = {
+constexpr std::array<const char*, 20> kStepNames = {
     "CHECK_PSN",  "CHECK_OP_SEQ", "CHECK_OP_VALID", "CHECK_RESOURCE", "CHECK_LENGTH",
     "CHECK_RKEY", "EXECUTE",      "COMPLETE",       "ACKNOWLEDGE",    "DONE",
     "DROP",       "DUPLICATE",    "RNR",            "ERR_INV_REQ",    "ERR_LENGTH",
     "ERR_RKEY",   "ERR_RECV_PROT", "ERR_CQ_OVERFLOW", "ERR_INVALIDATE", "ERR_NAK_SENT"};
+
+const char* step_name(Step s) { return kStepNames[static_cast<size_t>(s)]; }
 
 // Per-packet context.
 struct Pkt {
@@ -63,7 +67,24 @@ struct Pkt {
   uint32_t mask;
   uint32_t psn;
   uint32_t plen;
+  // Why a check refused the packet, for the one log line resp_on_packet writes for the
+  // outcome (set by the step that returns the error; the steps take a const Pkt).
+  mutable const char* why = nullptr;
+  mutable RkeyResult rk = RkeyResult::kOk;
 };
+
+// Returns err after noting why (and the rkey check's result) for the outcome's log line.
+Step refuse(const Pkt& k, Step err, const char* why, RkeyResult rk = RkeyResult::kOk) {
+  k.why = why;
+  k.rk = rk;
+  return err;
+}
+
+// RNIC_PKT_LOG / RNIC_PKT_LOG_D (emu/transport/recv.h) for the packet k on qp.
+#define RESP_LOG(kind, what, ctr, qp, k) \
+  RNIC_PKT_LOG(kind, what, ctr, (k).d.src, (qp).qpn(), (k).p.opcode, (k).psn)
+#define RESP_LOG_D(kind, what, detail, ctr, qp, k) \
+  RNIC_PKT_LOG_D(kind, what, detail, ctr, (k).d.src, (qp).qpn(), (k).p.opcode, (k).psn)
 
 Counters& dctr(Engine& e) { return e.counters(); }
 
@@ -76,7 +97,7 @@ void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* pa
   TxBatch& tx = e.rx_batch();
   if (tx.full()) e.flush(tx);
   uint8_t* buf = tx.next();
-  size_t hl = put_headers(buf, f, plen);
+  const size_t hl = wire::write_roce_headers(buf, f, plen);
   if (plen > 0) {
     if (mem != nullptr) {
       if (!mem->read(host, buf + hl, plen)) {
@@ -87,8 +108,8 @@ void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* pa
       std::memcpy(buf + hl, payload, plen);
     }
   }
-  const uint32_t len = packet_len(hl, plen);
-  finish_packet(buf, hl, plen, s.meta, tx.ip_id_for(s.dst, len));
+  const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
+  wire::finish_roce(buf, hl, plen, s.meta, tx.ip_id_for(s.dst, len));
   tx.commit(s.dst, len);
   bump(qp.comp_.ctr, dctr(e), Ctr::kSentPkts);
 }
@@ -259,7 +280,9 @@ Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
         s.uc_drop = true;
         uc_abort(qp);
         s.epsn = psn_add(k.psn, 1);
-        return Step::kDrop;
+        return refuse(k, Step::kDrop,
+                      d != 0 ? "UC PSN gap: message dropped up to the next FIRST/ONLY"
+                             : "UC message after a gap or error: dropped to the next FIRST/ONLY");
       }
       if (s.cur != RespState::kNone) uc_abort(qp);
       s.uc_drop = false;
@@ -270,6 +293,11 @@ Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
   if (d > 0) {
     // Class B: one PSN-sequence NAK per gap (sent_psn_nak latch), then silent drops.
     bump(qp.comp_.ctr, dctr(e), Ctr::kOutOfSeqRequest);
+    RNIC_LOG_RL(kWarn,
+                "drop: PSN ahead of the expected %u (%s) from %s to qpn 0x%x op %s psn %u "
+                "(out_of_seq_request)",
+                s.epsn, s.nak_sent ? "NAK already sent for this gap" : "PSN sequence NAK sent",
+                EndpointText(k.d.src).c_str(), qp.qpn(), opcode_log_name(k.p.opcode), k.psn);
     if (!s.nak_sent) {
       s.nak_sent = true;
       send_nak(e, qp, aeth::kNakPsnSeqError, s.epsn);
@@ -286,13 +314,16 @@ Step check_op_seq(Qp& qp, const Pkt& k) {
   const bool start = k.mask & wire::kStartMask;
   switch (s.cur) {
     case RespState::kNone:
-      if (!start) return Step::kErrInvReq;
+      if (!start)
+        return refuse(k, Step::kErrInvReq, "opcode sequence: MIDDLE/LAST outside a message");
       break;
     case RespState::kSend:
-      if (start || !(k.mask & wire::kSendMask)) return Step::kErrInvReq;
+      if (start || !(k.mask & wire::kSendMask))
+        return refuse(k, Step::kErrInvReq, "opcode sequence: SEND message interrupted");
       break;
     case RespState::kWrite:
-      if (start || !(k.mask & wire::kWriteMask)) return Step::kErrInvReq;
+      if (start || !(k.mask & wire::kWriteMask))
+        return refuse(k, Step::kErrInvReq, "opcode sequence: WRITE message interrupted");
       break;
   }
   return Step::kCheckOpValid;
@@ -300,12 +331,16 @@ Step check_op_seq(Qp& qp, const Pkt& k) {
 
 Step check_op_valid(Qp& qp, const Pkt& k) {
   const uint32_t acc = qp.attr().qp_access_flags;
-  if ((k.mask & wire::kWriteMask) && !(acc & kAccessRemoteWrite)) return Step::kErrInvReq;
-  if ((k.mask & wire::kReadMask) && !(acc & kAccessRemoteRead)) return Step::kErrInvReq;
-  if ((k.mask & wire::kAtomicMask) && !(acc & kAccessRemoteAtomic)) return Step::kErrInvReq;
-  if (k.mask & (wire::kAtomicWriteMask | wire::kFlushMask)) return Step::kErrInvReq;
+  if ((k.mask & wire::kWriteMask) && !(acc & kAccessRemoteWrite))
+    return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_WRITE");
+  if ((k.mask & wire::kReadMask) && !(acc & kAccessRemoteRead))
+    return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_READ");
+  if ((k.mask & wire::kAtomicMask) && !(acc & kAccessRemoteAtomic))
+    return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_ATOMIC");
+  if (k.mask & (wire::kAtomicWriteMask | wire::kFlushMask))
+    return refuse(k, Step::kErrInvReq, "ATOMIC_WRITE/FLUSH not supported");
   if (qp.type() == QpType::kUc && (k.mask & (wire::kReadMask | wire::kAtomicMask)))
-    return Step::kErrInvReq;
+    return refuse(k, Step::kErrInvReq, "READ/ATOMIC on a UC QP");
   return Step::kCheckResource;
 }
 
@@ -315,7 +350,8 @@ Step check_resource(Qp& qp, const Pkt& k) {
     if (!s.have_wqe && !take_wqe(qp)) return Step::kRnr;
   }
   if (k.mask & (wire::kReadMask | wire::kAtomicMask)) {
-    if (s.res.empty()) return Step::kErrInvReq;
+    if (s.res.empty())
+      return refuse(k, Step::kErrInvReq, "READ/ATOMIC with max_dest_rd_atomic 0");
   }
   return Step::kCheckLength;
 }
@@ -325,27 +361,30 @@ Step check_length(Qp& qp, const Pkt& k) {
   const uint32_t mtu = s.mtu;
   const bool start = k.mask & wire::kStartMask;
   const bool end = k.mask & wire::kEndMask;
+  constexpr const char* kBadPayload = "payload length illegal for the opcode and path MTU";
+  constexpr const char* kBadWrite = "WRITE payload disagrees with the RETH DMA length";
   if (k.mask & wire::kPayloadMask) {
     if (start && end) {
-      if (k.plen > mtu) return Step::kErrInvReq;
+      if (k.plen > mtu) return refuse(k, Step::kErrInvReq, kBadPayload);
     } else if (end) {
-      if (k.plen < 1 || k.plen > mtu) return Step::kErrInvReq;
+      if (k.plen < 1 || k.plen > mtu) return refuse(k, Step::kErrInvReq, kBadPayload);
     } else if (k.plen != mtu) {
-      return Step::kErrInvReq;
+      return refuse(k, Step::kErrInvReq, kBadPayload);
     }
   }
   if (k.mask & wire::kRethMask) {
-    if (k.p.reth().dma_len() > kMaxDmaLen) return Step::kErrInvReq;
+    if (k.p.reth().dma_len() > kMaxDmaLen)
+      return refuse(k, Step::kErrInvReq, "RETH DMA length above 2^31");
   }
   if (k.mask & wire::kWriteMask) {
     // Payload vs DMA length (rxe check_length / ReDMArk A2).
     if (start) {
       const uint32_t dl = k.p.reth().dma_len();
-      if (end ? k.plen != dl : dl <= mtu) return Step::kErrInvReq;
+      if (end ? k.plen != dl : dl <= mtu) return refuse(k, Step::kErrInvReq, kBadWrite);
     } else if (end) {
-      if (k.plen != s.w_resid) return Step::kErrInvReq;
+      if (k.plen != s.w_resid) return refuse(k, Step::kErrInvReq, kBadWrite);
     } else if (s.w_resid <= mtu) {
-      return Step::kErrInvReq;
+      return refuse(k, Step::kErrInvReq, kBadWrite);
     }
   }
   return Step::kCheckRkey;
@@ -361,7 +400,7 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     if (reth.dma_len() > 0) {
       RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
                                   reth.dma_len(), kAccessRemoteWrite, nullptr);
-      if (r != RkeyResult::kOk) return Step::kErrRkey;
+      if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "WRITE refused by rkey check:", r);
     }
     s.w_rkey = reth.rkey();
     s.w_va = reth.va();
@@ -372,14 +411,15 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     if (reth.dma_len() > 0) {
       RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
                                   reth.dma_len(), kAccessRemoteRead, nullptr);
-      if (r != RkeyResult::kOk) return Step::kErrRkey;
+      if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "READ refused by rkey check:", r);
     }
   } else if (k.mask & wire::kAtomicMask) {
     const auto a = k.p.atomic_eth();
     RkeyResult r = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
                                 kAccessRemoteAtomic, nullptr);
-    if (r == RkeyResult::kMisaligned) return Step::kErrInvReq;  // S08
-    if (r != RkeyResult::kOk) return Step::kErrRkey;
+    if (r == RkeyResult::kMisaligned)  // S08
+      return refuse(k, Step::kErrInvReq, "ATOMIC address not 8-byte aligned");
+    if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", r);
   }
   return Step::kExecute;
 }
@@ -395,12 +435,14 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
   Device& dev = e.device();
   const bool end = k.mask & wire::kEndMask;
   if (k.mask & wire::kSendMask) {
-    if (s.recv_offset + k.plen > s.wqe.length) return Step::kErrLength;
+    constexpr const char* kShort = "SEND longer than the receive WQE";
+    if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
     if (k.plen > 0) {
       WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
                                  k.p.payload, k.plen);
-      if (st == WcStatus::kLocLenErr) return Step::kErrLength;
-      if (st != WcStatus::kSuccess) return Step::kErrRecvProt;
+      if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
+      if (st != WcStatus::kSuccess)
+        return refuse(k, Step::kErrRecvProt, "receive SGE failed its local check");
     }
     s.recv_offset += k.plen;
     s.cur = end ? RespState::kNone : RespState::kSend;
@@ -412,8 +454,10 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
       RemoteTarget t;
       RkeyResult r = check_remote(dev.keys(), s.w_rkey, qp.pd().get(), qp.qpn(), s.w_va, k.plen,
                                   kAccessRemoteWrite, &t);
-      if (r != RkeyResult::kOk) return Step::kErrRkey;
-      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) return Step::kErrRkey;
+      if (r != RkeyResult::kOk)
+        return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
+      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen))
+        return refuse(k, Step::kErrRkey, "WRITE target memory not writable");
     }
     s.w_va += k.plen;
     s.w_resid -= k.plen;
@@ -439,7 +483,8 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     uint32_t fail_psn = 0;
     if (!send_read_responses(e, qp, r.rkey, k.psn, r.va, r.length, r.msn, &fail_psn)) {
       send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
-      return Step::kErrNakSent;  // the NAK replaced the remaining responses (S19)
+      // The NAK replaced the remaining responses (S19).
+      return refuse(k, Step::kErrNakSent, "READ response failed its rkey re-check");
     }
     return Step::kDone;
   }
@@ -448,12 +493,13 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     RemoteTarget t;
     RkeyResult rk = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
                                  kAccessRemoteAtomic, &t);
-    if (rk != RkeyResult::kOk) return Step::kErrRkey;
+    if (rk != RkeyResult::kOk)
+      return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", rk);
     uint64_t orig = 0;
     bool ok = k.p.opcode == op::kRcCompareSwap
                   ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
                   : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
-    if (!ok) return Step::kErrRkey;
+    if (!ok) return refuse(k, Step::kErrRkey, "ATOMIC target memory not accessible");
     RespRes& r = next_res(s);
     r.kind = RespRes::kAtomic;
     r.first_psn = r.last_psn = k.psn;
@@ -465,7 +511,7 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     send_atomic_ack(e, qp, k.psn, orig, r.msn);
     return Step::kDone;
   }
-  return Step::kErrInvReq;
+  return refuse(k, Step::kErrInvReq, "request opcode the responder does not execute");
 }
 
 Step complete(Engine& e, Qp& qp, const Pkt& k) {
@@ -489,13 +535,14 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
       c.imm_data = rkey;
     } else {
       c.status = WcStatus::kRemInvReqErr;
-      next = Step::kErrInvalidate;
+      next = refuse(k, Step::kErrInvalidate, "SEND_WITH_INV could not invalidate the rkey");
     }
   }
   s.have_wqe = false;
   s.msn = psn_add(s.msn, 1);
   const bool se = k.p.bth().se();
-  if (qp.recv_cq() && !qp.recv_cq()->push(c, se)) return Step::kErrCqOverflow;
+  if (qp.recv_cq() && !qp.recv_cq()->push(c, se))
+    return refuse(k, Step::kErrCqOverflow, "receive CQ overflow");
   return next;
 }
 
@@ -516,6 +563,10 @@ Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
 bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   bump(qp.comp_.ctr, dctr(e), Ctr::kDuplicateRequest);
+  RNIC_LOG_RL(kWarn,
+              "dup: PSN behind the expected %u: re-ACK/replay, not executed, from %s to qpn 0x%x "
+              "op %s psn %u (duplicate_request)",
+              s.epsn, EndpointText(k.d.src).c_str(), qp.qpn(), opcode_log_name(k.p.opcode), k.psn);
   if (k.mask & (wire::kSendMask | wire::kWriteMask)) {
     if (k.p.bth().ack_req() || (k.mask & wire::kEndMask))
       send_ack(e, qp, aeth::ack(aeth::kCreditInvalid), psn_add(s.epsn, wire::kPsnMask));
@@ -534,18 +585,25 @@ bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
       const uint64_t len = reth.dma_len();
       // The retried READ must be a subset of the original with the same rkey.
       if (reth.rkey() != r.rkey || va < r.va || len > r.length ||
-          va - r.va > r.length - len)
+          va - r.va > r.length - len) {
+        RESP_LOG("drop", "duplicate READ is not a subset of the original", Ctr::kDuplicateRequest,
+                 qp, k);
         return false;
+      }
       uint32_t fail_psn = 0;
       if (!send_read_responses(e, qp, r.rkey, k.psn, va, static_cast<uint32_t>(len), r.msn,
                                &fail_psn)) {
         send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
+        RESP_LOG("nak", "duplicate READ replay failed its rkey re-check", Ctr::kRemAccessNakSent,
+                 qp, k);
         return true;
       }
       return false;
     }
   }
   // No matching resource: Class D, silent drop.
+  RESP_LOG("drop", "duplicate READ/ATOMIC without a responder resource", Ctr::kDuplicateRequest,
+           qp, k);
   return false;
 }
 
@@ -557,23 +615,19 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   const auto deth = k.p.deth();
   if (k.plen > s.mtu) {
     bump(qp.comp_.ctr, dctr(e), Ctr::kUdDropped);
+    RESP_LOG("drop", "UD message longer than the path MTU", Ctr::kUdDropped, qp, k);
     return RespOutcome::kOk;
   }
   if (!take_wqe(qp)) {
     bump(qp.comp_.ctr, dctr(e), Ctr::kUdDropped);
+    RESP_LOG("drop", "UD receive without a receive WQE", Ctr::kUdDropped, qp, k);
     return RespOutcome::kOk;
   }
-  // The 40-byte GRH area; for IPv4 the IPv4 header sits in its last 20 bytes (rxe, RoCEv2).
+  // The 40-byte GRH area: the IP header of the datagram as it arrived (wire/packet.h).
   std::array<uint8_t, 40> grh{};
-  uint8_t* ip = grh.data() + 20;
-  ip[0] = 0x45;
-  wire::store_be16(ip + 2, static_cast<uint16_t>(20 + 8 + k.p.roce_len));
-  wire::store_be16(ip + 6, 0x4000);  // DF
-  ip[8] = 64;
-  ip[9] = 17;
-  std::memcpy(ip + 12, k.d.src.addr, 4);
-  std::memcpy(ip + 16, k.d.dst.addr, 4);
-  wire::store_be16(ip + 10, wire::inet_checksum(std::span<const uint8_t>(ip, 20)));
+  (void)wire::write_grh_image(grh, wire::meta_between(k.d.src, k.d.dst), k.p.roce_len);
+  RNIC_TRACE("resp: qpn 0x%x UD %s psn %u len %u from %s", qp.qpn(), opcode_log_name(k.p.opcode),
+             k.psn, k.plen, EndpointText(k.d.src).c_str());
   Cqe c = recv_cqe(qp, WcStatus::kSuccess);
   c.src_qp = deth.src_qp();
   c.wc_flags = kWcGrh;
@@ -615,13 +669,19 @@ void resp_flush_held(Qp& qp) {
 
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d) {
   RespState& s = qp.resp_;
-  if (!s.ready) return RespOutcome::kOk;
   Pkt k{p, d, p.info->mask, p.bth().psn(), static_cast<uint32_t>(p.payload_len)};
+  if (!s.ready) {
+    RNIC_PKT_LOG_NC("drop", "responder not ready (QP never reached RTR)", d.src, qp.qpn(),
+                    p.opcode, k.psn);
+    return RespOutcome::kOk;
+  }
   if (qp.type() == QpType::kUd) return ud_recv(e, qp, k);
 
   const bool uc = qp.type() == QpType::kUc;
   Step st = Step::kCheckPsn;
   for (;;) {
+    RNIC_TRACE("resp: qpn 0x%x %s psn %u epsn %u step %s", qp.qpn(), opcode_log_name(p.opcode),
+               k.psn, s.epsn, step_name(st));
     switch (st) {
       case Step::kCheckPsn: st = check_psn(e, qp, k); break;
       case Step::kCheckOpSeq: st = check_op_seq(qp, k); break;
@@ -635,7 +695,11 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       case Step::kDone:
         return RespOutcome::kOk;
       case Step::kDrop:
-        if (uc) bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+        // RC: only check_psn drops (PSN ahead), and it logged the line.
+        if (uc) {
+          bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+          RESP_LOG("drop", k.why ? k.why : "UC packet dropped", Ctr::kUcDropped, qp, k);
+        }
         return RespOutcome::kOk;
       case Step::kDuplicate:
         return duplicate(e, qp, k) ? RespOutcome::kFatal : RespOutcome::kOk;
@@ -645,9 +709,11 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
           s.uc_drop = true;
           uc_abort(qp);
           bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+          RESP_LOG("drop", "UC message without a receive WQE", Ctr::kUcDropped, qp, k);
           return RespOutcome::kOk;
         }
         bump(qp.comp_.ctr, dctr(e), Ctr::kSendRnrErr);
+        RESP_LOG("nak", "RNR: no receive WQE", Ctr::kSendRnrErr, qp, k);
         send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
         // The rest of the message is already on its way; the RNR NAK stands for the gap it
         // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
@@ -660,28 +726,49 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       case Step::kErrCqOverflow:
       case Step::kErrInvalidate:
       case Step::kErrNakSent: {
+        const char* why = k.why ? k.why : step_name(st);
+        const bool has_rk = k.rk != RkeyResult::kOk;
+        const char* rk = rkey_result_name(k.rk);
         if (uc) {
           // UC errors are Class D/E: drop the message, the QP stays in RTS (§2.2 6').
           if (st == Step::kErrLength || st == Step::kErrRecvProt) s.recv_offset = 0;
           s.uc_drop = !(k.mask & wire::kEndMask);
           uc_abort(qp);
           bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+          if (has_rk) {
+            RESP_LOG_D("drop", why, rk, Ctr::kUcDropped, qp, k);
+          } else {
+            RESP_LOG("drop", why, Ctr::kUcDropped, qp, k);
+          }
           return RespOutcome::kOk;
         }
         const bool rxe = e.device().config().errors == ErrorsMode::kRxe;
         if (st == Step::kErrLength) {
           complete_held_error(qp, rxe ? WcStatus::kRemInvReqErr : WcStatus::kLocLenErr);
           send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
         } else if (st == Step::kErrRecvProt) {
           complete_held_error(qp, rxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr);
           send_nak(e, qp, aeth::kNakRemoteOperationalError, k.psn);
+          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
         } else if (st == Step::kErrInvReq) {
           send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
         } else if (st == Step::kErrRkey) {
           send_nak(e, qp, aeth::kNakRemoteAccessError, k.psn);
+          if (has_rk) {
+            RESP_LOG_D("nak", why, rk, Ctr::kRemAccessNakSent, qp, k);
+          } else {
+            RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
+          }
+        } else if (st == Step::kErrNakSent) {
+          RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
         } else if (st == Step::kErrInvalidate) {
           // rxe: no NAK for Class J; the ACK goes out normally, the receive WC reports it.
           acknowledge(e, qp, k);
+          RNIC_PKT_LOG_NC("refuse", why, d.src, qp.qpn(), p.opcode, k.psn);
+        } else if (st == Step::kErrCqOverflow) {
+          RNIC_PKT_LOG_NC("drop", why, d.src, qp.qpn(), p.opcode, k.psn);
         }
         return RespOutcome::kFatal;
       }
