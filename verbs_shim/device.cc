@@ -48,13 +48,14 @@ namespace {
 void init_device_locked() {
   if (g_dev_init) return;
   g_dev_init = true;
-  std::string name;
+  Config cfg;
   std::string err;
-  if (!parse_name(&name, &err)) {
-    log_error("%s; no device is listed", err.c_str());
+  if (!parse_list_config(&cfg, &err)) {
+    RNIC_LOG(kError, "%s; no device is listed", err.c_str());
     g_dev_ok = false;
     return;
   }
+  const std::string& name = cfg.name;
   std::memset(&g_dev.dev_, 0, sizeof g_dev.dev_);
   g_dev.dev_.node_type = IBV_NODE_CA;
   g_dev.dev_.transport_type = IBV_TRANSPORT_IB;
@@ -73,9 +74,11 @@ void init_device_locked() {
 }  // namespace
 
 std::string sysfs_root() {
-  const char* p = std::getenv("SYSFS_PATH");
-  if (p != nullptr && *p != '\0') {
-    std::string s(p);
+  Config cfg;  // SYSFS_PATH through base/config.h (a path: never invalid)
+  static constexpr std::string_view kVars[] = {"SYSFS_PATH"};
+  (void)base::parse_config(base::process_env(), &cfg, kVars);
+  if (!cfg.sysfs_path.empty()) {
+    std::string s = cfg.sysfs_path;
     while (s.size() > 1 && s.back() == '/') s.pop_back();
     return s;
   }

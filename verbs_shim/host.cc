@@ -97,7 +97,7 @@ int start_device(Host* h) {
   dc.active_mtu = h->cfg_.mtu;
   auto r = emu::Device::open(dc);
   if (!r.has_value()) {
-    log_error("cannot open device %s on %s: %s", dc.name.c_str(), dc.ip.c_str(),
+    RNIC_LOG(kError, "cannot open device %s on %s: %s", dc.name.c_str(), dc.ip.c_str(),
               std::strerror(err_of(r.error())));
     return err_of(r.error());
   }
@@ -109,20 +109,19 @@ int start_device(Host* h) {
   if (!e.has_value()) {
     int rc = err_of(e.error());
     if (rc != EADDRINUSE) {
-      log_error("cannot start the engine of %s on %s:4791: %s", dc.name.c_str(), dc.ip.c_str(),
+      RNIC_LOG(kError, "cannot start the engine of %s on %s:4791: %s", dc.name.c_str(), dc.ip.c_str(),
                 std::strerror(rc));
     }
     dev->close();
     return rc;
   }
-  // Faults, capture and the control socket (emu/services/services.h), from SOFTRNIC_FAULTS*,
-  // SOFTRNIC_PCAP and SOFTRNIC_CONTROL: a bad value fails the open (EINVAL).
-  emu::ServicesOptions so;
-  std::string err = emu::ServicesOptions::from_env(&so);
-  std::unique_ptr<emu::DeviceServices> svc;
-  if (err.empty()) svc = emu::DeviceServices::create(dev, so, &err);
+  // Faults, capture and the control socket (emu/services/services.h), from the configuration
+  // host_acquire parsed (SOFTRNIC_FAULTS*, SOFTRNIC_PCAP, SOFTRNIC_CONTROL, hardening).
+  emu::ServicesOptions so = emu::ServicesOptions::from_config(h->cfg_);
+  std::string err;
+  std::unique_ptr<emu::DeviceServices> svc = emu::DeviceServices::create(dev, so, &err);
   if (!svc) {
-    log_error("%s; cannot open the device", err.c_str());
+    RNIC_LOG(kError, "%s; cannot open the device", err.c_str());
     if (emu::Engine* eng = dev->engine()) eng->stop();
     dev->close();
     return EINVAL;
@@ -144,17 +143,17 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   Config cfg;
   std::string err;
   if (!parse_config(&cfg, &err)) {
-    log_error("%s; cannot open the device", err.c_str());
+    RNIC_LOG(kError, "%s; cannot open the device", err.c_str());
     return EINVAL;
   }
   auto h = std::make_unique<Host>();
   h->dev_entry_ = dev;
   h->cfg_ = cfg;
   int rc = 0;
-  if (cfg.ip_set) {
-    h->ip_ = cfg.ip;
-    rc = probe_bind(cfg.ip);
-    if (rc != 0) log_error("cannot bind UDP %s:4791 (SOFTRNIC_IP): %s", ip_str(cfg.ip).c_str(), std::strerror(rc));
+  if (cfg.ip) {
+    h->ip_.s_addr = *cfg.ip;
+    rc = probe_bind(h->ip_);
+    if (rc != 0) RNIC_LOG(kError, "cannot bind UDP %s:4791 (SOFTRNIC_IP): %s", ip_str(h->ip_).c_str(), std::strerror(rc));
     if (rc == 0) rc = start_device(h.get());
   } else {
     rc = EADDRINUSE;
@@ -171,7 +170,7 @@ int host_acquire(DeviceEntry* dev, Host** out) {
       rc = start_device(h.get());
       if (rc != EADDRINUSE) break;  // lost a race for this address: try the next one
     }
-    if (rc == EADDRINUSE) log_error("no free loopback address for UDP 4791 from 127.0.0.2");
+    if (rc == EADDRINUSE) RNIC_LOG(kError, "no free loopback address for UDP 4791 from 127.0.0.2");
   }
   if (rc != 0) return rc;
   h->stop_fd_ = eventfd(0, EFD_CLOEXEC);
@@ -180,7 +179,7 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   h->refs_ = 1;
   g_host = h.release();
   *out = g_host;
-  log_msg(LogLevel::kInfo, "device %s on %s:4791", cfg.name.c_str(), ip_str(g_host->ip_).c_str());
+  RNIC_LOG(kInfo, "device %s on %s:4791", cfg.name.c_str(), ip_str(g_host->ip_).c_str());
   return 0;
 }
 

@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/config.h"
+
 namespace rnic::emu {
 namespace {
 
@@ -225,10 +227,14 @@ std::string execute_control_request(ControlTarget& target, std::string_view line
 // ---- Runtime directory --------------------------------------------------------------
 
 std::string control_runtime_dir() {
-  if (const char* d = std::getenv("SOFTRNIC_RUNTIME_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) {
+  // SOFTRNIC_RUNTIME_DIR / XDG_RUNTIME_DIR through base/config.h (paths: never invalid).
+  static constexpr std::string_view kVars[] = {"SOFTRNIC_RUNTIME_DIR", "XDG_RUNTIME_DIR"};
+  base::Config c;
+  (void)base::parse_config(base::process_env(), &c, kVars);
+  if (!c.runtime_dir.empty()) return c.runtime_dir;
+  if (const std::string& x = c.xdg_runtime_dir; !x.empty()) {
     struct stat st;
-    if (stat(x, &st) == 0 && S_ISDIR(st.st_mode)) return std::string(x) + "/softrnic";
+    if (stat(x.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return x + "/softrnic";
   }
   return "/tmp/softrnic-" + std::to_string(geteuid());
 }

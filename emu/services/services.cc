@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "emu/fault/fault_rules.h"
 #include "emu/objects/device.h"
 #include "emu/transport/engine.h"
 #include "emu/objects/qp.h"
@@ -18,58 +19,34 @@ namespace rnic::emu {
 
 // ---------------------------------------------------------------- options
 
+ServicesOptions ServicesOptions::from_config(const base::Config& c) {
+  ServicesOptions o;
+  auto opt = [](const std::string& v) { return v.empty() ? std::nullopt : std::optional(v); };
+  o.faults = opt(c.faults);
+  o.faults_file = opt(c.faults_file);
+  o.fault_trace = opt(c.fault_trace);
+  // Decimal text of the already-parsed seed, so the fault engine reads exactly this number.
+  if (c.fault_seed) o.fault_seed = std::to_string(*c.fault_seed);
+  o.pcap = c.pcap;
+  o.secure_keys = c.secure_keys;
+  o.strict_src = c.strict_src;
+  o.strict_src_port = c.strict_src_port;
+  switch (c.control) {
+    case base::ControlSocket::kOn: o.control = ControlMode::kOn; break;
+    case base::ControlSocket::kOff: o.control = ControlMode::kOff; break;
+    case base::ControlSocket::kRequired: o.control = ControlMode::kRequired; break;
+  }
+  return o;
+}
+
 std::string ServicesOptions::from_env(ServicesOptions* out) {
-  auto get = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-  out->faults = get("SOFTRNIC_FAULTS");
-  out->faults_file = get("SOFTRNIC_FAULTS_FILE");
-  out->fault_seed = get("SOFTRNIC_FAULT_SEED");
-  out->fault_trace = get("SOFTRNIC_FAULT_TRACE");
-  if (const char* v = std::getenv("SOFTRNIC_PCAP")) {
-    if (*v == '\0') return "SOFTRNIC_PCAP: empty value (expected a file path; %p is replaced by the pid)";
-    out->pcap = v;
-  }
-  auto flag = [](const char* name, std::optional<bool>* dst) -> std::string {
-    const char* v = std::getenv(name);
-    if (v == nullptr) return "";
-    std::string_view s(v);
-    if (s == "1" || s == "on" || s == "yes") {
-      *dst = true;
-    } else if (s == "0" || s == "off" || s == "no" || s.empty()) {
-      *dst = false;
-    } else {
-      return std::string(name) + ": bad value \"" + v + "\" (expected 0 or 1)";
-    }
-    return "";
-  };
-  if (std::string e = flag("SOFTRNIC_SECURE_KEYS", &out->secure_keys); !e.empty()) return e;
-  if (std::string e = flag("SOFTRNIC_STRICT_SRC", &out->strict_src); !e.empty()) return e;
-  if (const char* v = std::getenv("SOFTRNIC_STRICT_SRC_PORT")) {
-    char* end = nullptr;
-    unsigned long p = std::strtoul(v, &end, 10);
-    if (end == v || *end != '\0' || p == 0 || p > 65535)
-      return std::string("SOFTRNIC_STRICT_SRC_PORT: bad value \"") + v +
-             "\" (expected a UDP port 1..65535, e.g. 4791)";
-    out->strict_src_port = static_cast<uint16_t>(p);
-    if (!out->strict_src) out->strict_src = true;
-    else if (!*out->strict_src)
-      return "SOFTRNIC_STRICT_SRC_PORT is set but SOFTRNIC_STRICT_SRC=0";
-  }
-  if (const char* v = std::getenv("SOFTRNIC_CONTROL")) {
-    std::string_view s(v);
-    if (s.empty() || s == "on" || s == "1" || s == "yes") {
-      out->control = ControlMode::kOn;
-    } else if (s == "off" || s == "0" || s == "no") {
-      out->control = ControlMode::kOff;
-    } else if (s == "required") {
-      out->control = ControlMode::kRequired;
-    } else {
-      return std::string("SOFTRNIC_CONTROL: bad value \"") + v + "\" (expected on, off or required)";
-    }
-  }
+  static constexpr std::string_view kVars[] = {
+      "SOFTRNIC_FAULTS",      "SOFTRNIC_FAULTS_FILE", "SOFTRNIC_FAULT_SEED",
+      "SOFTRNIC_FAULT_TRACE", "SOFTRNIC_PCAP",        "SOFTRNIC_SECURE_KEYS",
+      "SOFTRNIC_STRICT_SRC",  "SOFTRNIC_STRICT_SRC_PORT", "SOFTRNIC_CONTROL"};
+  base::Config c;
+  if (std::string e = base::parse_config(base::process_env(), &c, kVars); !e.empty()) return e;
+  *out = from_config(c);
   return "";
 }
 
@@ -104,7 +81,7 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
     // No plan: an empty engine, so `softrnic fault add` works later. from_values validated
     // the seed already.
     uint64_t seed = FaultEngine::kDefaultSeed;
-    if (opt.fault_seed && !opt.fault_seed->empty()) seed = std::strtoull(opt.fault_seed->c_str(), nullptr, 0);
+    if (opt.fault_seed && !opt.fault_seed->empty()) (void)parse_fault_u64(*opt.fault_seed, &seed);
     s->faults_ = std::make_unique<FaultEngine>(seed);
   }
   s->engine_ = dev->engine();

@@ -1,16 +1,18 @@
 // DeviceServices: the user-facing services of one open device — fault injection (FaultEngine),
 // packet capture (pcap) and the runtime control socket (ControlServer) — wired onto the
-// device's running Engine from the SOFTRNIC_* environment, and the ControlTarget behind
+// device's running Engine from the parsed configuration (base/config.h), and the ControlTarget behind
 // `softrnic fault|stats|capture`.
 //
 // HOW A DEVICE GETS ITS SERVICES (after Engine::start, before the application posts):
-//   ServicesOptions so;
-//   std::string err = ServicesOptions::from_env(&so);       // bad value -> fail device open
+//   base::Config cfg;                                       // parsed once at device open:
+//   std::string err = base::parse_config(base::process_env(), &cfg);  // bad value -> fail open
+//   ServicesOptions so = ServicesOptions::from_config(cfg);
 //   auto svc = DeviceServices::create(dev, so, &err);       // nullptr + err -> fail open
 //   ... traffic; `softrnic fault add ...`, `softrnic stats`, `softrnic capture -w f.pcap` ...
 //   svc.reset();   // at device close, BEFORE the engine is stopped/destroyed (see below)
 //
-// ENVIRONMENT (ServicesOptions::from_env)
+// CONFIGURATION (ServicesOptions::from_config; every variable is declared and parsed once in
+// base/config.h — this file reads none of them from the environment)
 //   SOFTRNIC_FAULTS / SOFTRNIC_FAULTS_FILE / SOFTRNIC_FAULT_SEED / SOFTRNIC_FAULT_TRACE
 //       fault plan, seed and trace file (emu/fault/fault.h from_values). A bad plan is an error
 //       that names the variable, file, line and column; the device must not open.
@@ -71,6 +73,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/config.h"
 #include "emu/services/control.h"
 #include "emu/fault/fault.h"
 #include "wire/pcap.h"
@@ -100,9 +103,12 @@ struct ServicesOptions {
   // DeviceServices::warning()).
   bool warn_stderr = true;
 
-  // Reads SOFTRNIC_FAULTS, _FAULTS_FILE, _FAULT_SEED, _FAULT_TRACE, _PCAP, _CONTROL,
-  // _SECURE_KEYS, _STRICT_SRC, _STRICT_SRC_PORT. Returns "" or an error naming the variable
-  // (the plan is checked by create()).
+  // The services' part of an already-parsed configuration (base/config.h): fault plan, seed
+  // (as decimal text), trace, capture, control mode and hardening. The plan is checked by
+  // create().
+  static ServicesOptions from_config(const base::Config& cfg);
+  // base::parse_config of the variables above from the environment, then from_config.
+  // Returns "" or an error naming the variable (kept for tests and tools).
   static std::string from_env(ServicesOptions* out);
 };
 

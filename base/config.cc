@@ -1,0 +1,361 @@
+// base/config.cc: the table of every environment variable, its one parser, the unknown-name
+// warning and the generated documentation table (contract in base/config.h).
+#include "base/config.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+extern char** environ;
+
+namespace rnic::base {
+namespace {
+
+constexpr std::string_view kPrefix = "SOFTRNIC_";
+
+// Store helpers: one per Config field (captureless lambdas decay to the table's pointer).
+using Store = void (*)(Config*, const VarValue&);
+
+const VarDecl kVars[] = {
+    {.name = "SOFTRNIC_NAME", .type = VarType::kName, .default_text = "`softrnic0`",
+     .values = "1..63 characters of `[A-Za-z0-9_.-]`", .help = "device name", .reader = "shim",
+     .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->name = v.s; }},
+    {.name = "SOFTRNIC_IP", .type = VarType::kIpv4,
+     .default_text = "first free of 127.0.0.2..254", .values = "a unicast IPv4 address",
+     .help = "bind address of the device (UDP 4791)", .reader = "shim", .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->ip = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_MTU", .type = VarType::kU32,
+     .default_text = "from the interface (loopback: 4096)", .values = "256, 512, 1024, 2048, 4096",
+     .help = "active path MTU", .reader = "shim", .empty_is_error = true, .min = 256,
+     .max = 4096, .pow2 = true,
+     .store = [](Config* c, const VarValue& v) { c->mtu = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
+     .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
+     .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",
+     .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->log = v.level; }},
+    {.name = "SOFTRNIC_LOG_FILE", .type = VarType::kPath, .default_text = "stderr",
+     .values = "a file path", .help = "append log lines to this file instead of stderr",
+     .reader = "shim",
+     .store = [](Config* c, const VarValue& v) { c->log_file = v.s; }},
+    {.name = "SOFTRNIC_PCAP", .type = VarType::kPath, .default_text = "off",
+     .values = "a file path (`%p` -> pid)",
+     .help = "capture every packet sent and received to a pcap", .reader = "services",
+     .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->pcap = v.s; }},
+    {.name = "SOFTRNIC_FAULTS", .type = VarType::kString, .default_text = "none",
+     .values = "rules of `emu/fault/fault_rules.h`, `;`-separated",
+     .help = "fault plan, inline", .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->faults = v.s; }},
+    {.name = "SOFTRNIC_FAULTS_FILE", .type = VarType::kPath, .default_text = "none",
+     .values = "a file path", .help = "fault plan, from a file", .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->faults_file = v.s; }},
+    {.name = "SOFTRNIC_FAULT_SEED", .type = VarType::kSeed, .default_text = "1",
+     .values = "decimal or 0x-hex 64-bit (`010` is ten, never octal)",
+     .help = "seed of the plan (same plan + seed + traffic -> same trace)", .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->fault_seed = v.u; }},
+    {.name = "SOFTRNIC_FAULT_TRACE", .type = VarType::kPath, .default_text = "none",
+     .values = "a file path", .help = "file receiving one line per fault firing",
+     .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->fault_trace = v.s; }},
+    {.name = "SOFTRNIC_SECURE_KEYS", .type = VarType::kBool, .default_text = "`0`",
+     .values = "`0`, `1`",
+     .help = "1: fully random 32-bit lkeys/rkeys, no visible index (0: index << 8 and a random "
+             "byte, as rxe)",
+     .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->secure_keys = v.b; }},
+    {.name = "SOFTRNIC_STRICT_SRC", .type = VarType::kBool, .default_text = "`0`",
+     .values = "`0`, `1`",
+     .help = "1: packets for a connected RC/UC QP must come from its peer's IP and the UDP "
+             "source port first seen from it",
+     .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->strict_src = v.b; }},
+    {.name = "SOFTRNIC_STRICT_SRC_PORT", .type = VarType::kU32, .default_text = "none",
+     .values = "a UDP port 1..65535, e.g. 4791",
+     .help = "the fixed UDP source port the peer must use; implies SOFTRNIC_STRICT_SRC=1",
+     .reader = "services", .empty_is_error = true, .min = 1, .max = 65535,
+     .store = [](Config* c, const VarValue& v) { c->strict_src_port = static_cast<uint16_t>(v.u); }},
+    {.name = "SOFTRNIC_CONTROL", .type = VarType::kEnum, .default_text = "`on`",
+     .values = "`on`, `off`, `required`", .help = "the per-process control socket",
+     .reader = "services", .choices = "on/1/yes,off/0/no,required",
+     .store = [](Config* c, const VarValue& v) { c->control = static_cast<ControlSocket>(v.u); }},
+    {.name = "SOFTRNIC_RUNTIME_DIR", .type = VarType::kPath,
+     .default_text = "`$XDG_RUNTIME_DIR/softrnic` or `/tmp/softrnic-$UID`",
+     .values = "a directory (mode 0700)", .help = "control sockets and the generated sysfs tree",
+     .reader = "control, tools",
+     .store = [](Config* c, const VarValue& v) { c->runtime_dir = v.s; }},
+    {.name = "XDG_RUNTIME_DIR", .type = VarType::kPath, .default_text = "unset",
+     .values = "a directory", .help = "standard; base of the default SOFTRNIC_RUNTIME_DIR",
+     .reader = "control, tools",
+     .store = [](Config* c, const VarValue& v) { c->xdg_runtime_dir = v.s; }},
+    {.name = "SYSFS_PATH", .type = VarType::kPath, .default_text = "`/sys`",
+     .values = "a directory", .help = "sysfs root the device reports (`softrnic run` sets it)",
+     .reader = "shim",
+     .store = [](Config* c, const VarValue& v) { c->sysfs_path = v.s; }},
+    {.name = "SOFTRNIC_SHIM_DIR", .type = VarType::kPath, .default_text = "`build/verbs_shim`",
+     .values = "a directory", .help = "where `scripts/softrnic` finds libibverbs.so.1",
+     .reader = "scripts"},
+    {.name = "SOFTRNIC_CTL", .type = VarType::kPath, .default_text = "`build/tools/softrnic-ctl`",
+     .values = "a file path", .help = "the softrnic-ctl `scripts/softrnic` runs",
+     .reader = "scripts"},
+    {.name = "SOFTRNIC_BUILD_DIR", .type = VarType::kPath, .default_text = "`build`",
+     .values = "a directory", .help = "build directory of `scripts/demo` and `scripts/bench`",
+     .reader = "scripts"},
+    {.name = "SOFTRNIC_TEST_QUICK", .type = VarType::kString, .default_text = "unset",
+     .values = "any non-empty value", .help = "`scripts/test` skips the sanitizer build",
+     .reader = "scripts"},
+};
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+char upper(char c) { return (c >= 'a' && c <= 'z') ? static_cast<char>(c - 'a' + 'A') : c; }
+
+bool iequal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+std::string lowered(std::string_view s) {
+  std::string o(s);
+  for (char& c : o) c = lower(c);
+  return o;
+}
+
+// Removes Markdown backticks for the plain-text table.
+std::string plain(std::string_view s) {
+  std::string o;
+  for (char c : s)
+    if (c != '`') o += c;
+  return o;
+}
+
+bool valid_name(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-' || c == '.';
+  });
+}
+
+bool parse_bool(std::string_view s, bool* out) {
+  for (std::string_view t : {"1", "on", "yes", "true"})
+    if (iequal(s, t)) return *out = true, true;
+  for (std::string_view t : {"0", "off", "no", "false"})
+    if (iequal(s, t)) return *out = false, true;
+  return false;
+}
+
+bool parse_decimal(std::string_view s, uint64_t* v) {
+  if (s.empty() || s[0] < '0' || s[0] > '9') return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, 10);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Decimal, or hex after 0x/0X. A leading 0 alone never means octal.
+bool parse_seed(std::string_view s, uint64_t* v) {
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    std::string_view h = s.substr(2);
+    auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), *v, 16);
+    return ec == std::errc() && p == h.data() + h.size();
+  }
+  return parse_decimal(s, v);
+}
+
+// Index of the choice (aliases separated by '/') that text names, or -1.
+int parse_choice(std::string_view choices, std::string_view text) {
+  int idx = 0;
+  while (true) {
+    size_t comma = choices.find(',');
+    std::string_view group = choices.substr(0, comma);
+    while (true) {
+      size_t slash = group.find('/');
+      if (iequal(group.substr(0, slash), text)) return idx;
+      if (slash == std::string_view::npos) break;
+      group.remove_prefix(slash + 1);
+    }
+    if (comma == std::string_view::npos) return -1;
+    choices.remove_prefix(comma + 1);
+    ++idx;
+  }
+}
+
+std::string bad(const VarDecl& d, std::string_view text) {
+  return "invalid " + std::string(d.name) + "='" + std::string(text) + "': expected " +
+         plain(d.values);
+}
+
+std::atomic<bool> g_warned{false};
+
+}  // namespace
+
+std::span<const VarDecl> config_vars() { return kVars; }
+
+const VarDecl* find_var(std::string_view name) {
+  for (const VarDecl& d : kVars)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+EnvLookup process_env() {
+  return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+std::string parse_value(const VarDecl& d, std::string_view text, VarValue* out) {
+  *out = VarValue{};
+  if (text.empty()) return bad(d, text);  // callers treat empty as unset unless empty_is_error
+  switch (d.type) {
+    case VarType::kName:
+      if (!valid_name(text)) return bad(d, text);
+      out->s = text;
+      return "";
+    case VarType::kString:
+    case VarType::kPath:
+      out->s = text;
+      return "";
+    case VarType::kBool:
+      return parse_bool(text, &out->b) ? "" : bad(d, text);
+    case VarType::kU32: {
+      uint64_t v = 0;
+      bool ok = parse_decimal(text, &v) && v >= d.min && v <= d.max &&
+                (!d.pow2 || (v & (v - 1)) == 0);
+      if (!ok) return bad(d, text);
+      out->u = v;
+      return "";
+    }
+    case VarType::kSeed:
+      return parse_seed(text, &out->u) ? "" : bad(d, text);
+    case VarType::kEnum: {
+      int i = parse_choice(d.choices, text);
+      if (i < 0) return bad(d, text);
+      out->u = static_cast<uint64_t>(i);
+      return "";
+    }
+    case VarType::kIpv4: {
+      std::string z(text);
+      in_addr a{};
+      if (inet_pton(AF_INET, z.c_str(), &a) != 1) return bad(d, text);
+      uint32_t h = ntohl(a.s_addr);
+      if (h == 0 || h == 0xffffffffu || (h >> 28) == 0xe) return bad(d, text);
+      out->u = a.s_addr;
+      return "";
+    }
+    case VarType::kLevel:
+      return parse_log_level(lowered(text), &out->level) ? "" : bad(d, text);
+  }
+  return bad(d, text);
+}
+
+std::string parse_config(const EnvLookup& env, Config* cfg,
+                         std::span<const std::string_view> only) {
+  bool strict_src_set = false;
+  for (const VarDecl& d : kVars) {
+    if (!only.empty() && std::find(only.begin(), only.end(), d.name) == only.end()) continue;
+    std::string zname(d.name);
+    const char* v = env(zname.c_str());
+    if (v == nullptr) continue;
+    if (d.name == "SOFTRNIC_STRICT_SRC") strict_src_set = true;
+    if (*v == '\0' && !d.empty_is_error) continue;  // empty = unset
+    VarValue val;
+    if (std::string e = parse_value(d, v, &val); !e.empty()) return e;
+    if (d.store != nullptr) d.store(cfg, val);
+  }
+  // SOFTRNIC_STRICT_SRC_PORT implies the strict check and contradicts SOFTRNIC_STRICT_SRC=0
+  // (an empty SOFTRNIC_STRICT_SRC counts as 0 here, as it always has).
+  if (cfg->strict_src_port != 0) {
+    if (strict_src_set && !cfg->strict_src.value_or(false))
+      return "invalid SOFTRNIC_STRICT_SRC_PORT=" + std::to_string(cfg->strict_src_port) +
+             ": SOFTRNIC_STRICT_SRC=0 contradicts it (leave SOFTRNIC_STRICT_SRC unset or 1)";
+    cfg->strict_src = true;
+  }
+  return "";
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string_view closest_var(std::string_view name) {
+  std::string up(name);
+  for (char& c : up) c = upper(c);
+  std::string_view best;
+  size_t best_d = SIZE_MAX;
+  for (const VarDecl& d : kVars) {
+    size_t dist = edit_distance(up, d.name);
+    if (dist < best_d) best_d = dist, best = d.name;  // ties: the earlier declaration
+  }
+  return best;
+}
+
+std::vector<std::string> unknown_variable_messages(std::span<const std::string> names) {
+  std::vector<std::string> out;
+  for (const std::string& n : names) {
+    if (n.size() < kPrefix.size() || !iequal(std::string_view(n).substr(0, kPrefix.size()), kPrefix))
+      continue;
+    if (find_var(n) != nullptr) continue;
+    out.push_back("unknown variable " + n + " (did you mean " + std::string(closest_var(n)) + "?)");
+  }
+  return out;
+}
+
+std::vector<std::string> environment_names() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    out.emplace_back(*e, eq ? static_cast<size_t>(eq - *e) : std::strlen(*e));
+  }
+  return out;
+}
+
+size_t warn_unknown_variables(LogLevel level) {
+  if (level == LogLevel::kOff) return 0;
+  std::vector<std::string> names = environment_names();
+  std::vector<std::string> msgs = unknown_variable_messages(names);
+  for (const std::string& m : msgs) log_write(LogLevel::kWarn, "%s", m.c_str());
+  return msgs.size();
+}
+
+void warn_unknown_variables_once(LogLevel level) {
+  if (g_warned.exchange(true)) return;
+  warn_unknown_variables(level);
+}
+
+std::string config_table_text() {
+  std::string o = "Environment (read once, when a program opens the device; names are exact upper "
+                  "case, keyword values any case):\n";
+  for (const VarDecl& d : kVars) {
+    o += "  " + std::string(d.name) + "  [" + std::string(d.reader) + "] " + plain(d.help) + "\n";
+    o += "      values: " + plain(d.values) + "; default: " + plain(d.default_text) + "\n";
+  }
+  return o;
+}
+
+std::string config_table_markdown() {
+  std::string o = "| variable | default | values | meaning | read by |\n"
+                  "| --- | --- | --- | --- | --- |\n";
+  for (const VarDecl& d : kVars) {
+    o += "| `" + std::string(d.name) + "` | " + std::string(d.default_text) + " | " +
+         std::string(d.values) + " | " + std::string(d.help) + " | " + std::string(d.reader) +
+         " |\n";
+  }
+  return o;
+}
+
+}  // namespace rnic::base
