@@ -3,10 +3,12 @@
 #include "emu/fault/fault.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "wire/byteorder.h"
 #include "wire/hdr.h"
@@ -47,70 +49,40 @@ uint64_t fnv1a(std::string_view s) {
 int dir_index(Direction d) { return d == Direction::kTx ? 0 : 1; }
 const char* dir_name(Direction d) { return d == Direction::kTx ? "tx" : "rx"; }
 
-wire::IpUdpMeta meta_of(const Endpoint& src, const Endpoint& dst) {
-  return wire::meta_between(src, dst);
-}
-
 // Rewrites the trailing ICRC of a RoCE packet (BTH .. ICRC) for these endpoints, IP ID 0.
 void fix_icrc(std::span<uint8_t> roce, const Endpoint& src, const Endpoint& dst) {
   if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) return;
   size_t body = roce.size() - wire::kIcrcBytes;
-  uint32_t crc = wire::icrc_compute(meta_of(src, dst), roce.first(body));
+  uint32_t crc = wire::icrc_compute(wire::meta_between(src, dst), roce.first(body));
   wire::store_le32(roce.data() + body, crc);
 }
 
-uint32_t field_bits(FaultField f) {
-  switch (f) {
-    case FaultField::kOpcode: return 8;
-    case FaultField::kSe: case FaultField::kMig: case FaultField::kFecn: case FaultField::kBecn:
-    case FaultField::kAckReq: return 1;
-    case FaultField::kPad: return 2;
-    case FaultField::kTver: return 4;
-    case FaultField::kPkey: return 16;
-    case FaultField::kQpn: case FaultField::kPsn: case FaultField::kAethMsn:
-    case FaultField::kDethSrcQp: return 24;
-    case FaultField::kAethSyndrome: return 8;
-    case FaultField::kRethVa: case FaultField::kAtomicVa: case FaultField::kAtomicSwap:
-    case FaultField::kAtomicCompare: case FaultField::kAtomicAckOrig: case FaultField::kVa:
-      return 64;
-    default: return 32;
-  }
+// Big-endian words of 1..8 bytes: a rewritable field's container (emu/fault/fault_rules.h).
+uint64_t load_be(const uint8_t* p, unsigned width) {
+  uint64_t v = 0;
+  for (unsigned i = 0; i < width; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+void store_be(uint8_t* p, unsigned width, uint64_t v) {
+  for (unsigned i = width; i-- > 0; v >>= 8) p[i] = uint8_t(v);
+}
+
+// First byte of the header that holds a field of `h` in a packet with this opcode row. The
+// rule's require_* keys (RuleParser::require_for_field) guarantee the header is present.
+uint8_t* field_header(std::span<uint8_t> roce, const wire::OpcodeInfo& info, FieldHeader h) {
+  static constexpr wire::HdrType kHdrOf[] = {
+      wire::kHdrBth,  wire::kHdrReth,  wire::kHdrAeth, wire::kHdrAtmEth, wire::kHdrAtmAck,
+      wire::kHdrDeth, wire::kHdrImmDt, wire::kHdrIeth,
+  };
+  if (h == FieldHeader::kBth) return roce.data();
+  wire::HdrType t = h == FieldHeader::kRethOrAtomicEth
+                        ? ((info.mask & wire::kRethMask) ? wire::kHdrReth : wire::kHdrAtmEth)
+                        : kHdrOf[size_t(h)];
+  return roce.data() + info.offset[t];
 }
 
 }  // namespace
-
-const char* fault_field_name(FaultField f) {
-  switch (f) {
-    case FaultField::kOpcode: return "bth.opcode";
-    case FaultField::kSe: return "bth.se";
-    case FaultField::kMig: return "bth.mig";
-    case FaultField::kPad: return "bth.pad";
-    case FaultField::kTver: return "bth.tver";
-    case FaultField::kPkey: return "bth.pkey";
-    case FaultField::kFecn: return "bth.fecn";
-    case FaultField::kBecn: return "bth.becn";
-    case FaultField::kQpn: return "bth.qpn";
-    case FaultField::kAckReq: return "bth.ackreq";
-    case FaultField::kPsn: return "bth.psn";
-    case FaultField::kRethVa: return "reth.va";
-    case FaultField::kRethRkey: return "reth.rkey";
-    case FaultField::kRethLen: return "reth.len";
-    case FaultField::kAethSyndrome: return "aeth.syndrome";
-    case FaultField::kAethMsn: return "aeth.msn";
-    case FaultField::kAtomicVa: return "atomic.va";
-    case FaultField::kAtomicRkey: return "atomic.rkey";
-    case FaultField::kAtomicSwap: return "atomic.swap";
-    case FaultField::kAtomicCompare: return "atomic.compare";
-    case FaultField::kAtomicAckOrig: return "atomicack.orig";
-    case FaultField::kDethQkey: return "deth.qkey";
-    case FaultField::kDethSrcQp: return "deth.srcqp";
-    case FaultField::kImm: return "imm";
-    case FaultField::kIethRkey: return "ieth.rkey";
-    case FaultField::kRkey: return "rkey";
-    case FaultField::kVa: return "va";
-  }
-  return "?";
-}
 
 // ---- Internal state -----------------------------------------------------------------
 
@@ -321,54 +293,6 @@ std::string FaultEngine::counters_text() const {
   return s;
 }
 
-bool FaultEngine::command(std::string_view line, std::string* reply) {
-  auto trim_sv = [](std::string_view v) {
-    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\t' || v.back() == '\n' || v.back() == '\r'))
-      v.remove_suffix(1);
-    return v;
-  };
-  line = trim_sv(line);
-  size_t sp = line.find_first_of(" \t");
-  std::string_view verb = line.substr(0, sp);
-  std::string_view arg = sp == std::string_view::npos ? std::string_view() : trim_sv(line.substr(sp));
-  if (verb == "add") {
-    if (arg.empty()) return *reply = "add: missing rules", false;
-    std::vector<uint32_t> ids;
-    std::string e = add_rules(arg, "add", &ids);
-    if (!e.empty()) return *reply = e, false;
-    *reply = "added " + std::to_string(ids.size()) + " rule(s):";
-    for (uint32_t id : ids) *reply += " " + std::to_string(id);
-    return true;
-  }
-  if (verb == "list" && arg.empty()) return *reply = list_text(), true;
-  if (verb == "remove") {
-    uint64_t id = 0;
-    if (!parse_fault_u64(arg, &id) || id > UINT32_MAX)
-      return *reply = "remove: expected a rule id, got \"" + std::string(arg) + "\"", false;
-    if (!remove_rule(uint32_t(id))) return *reply = "remove: no rule " + std::to_string(id), false;
-    return *reply = "removed " + std::to_string(id), true;
-  }
-  if (verb == "clear" && arg.empty()) {
-    size_t n = list().size();
-    clear();
-    return *reply = "cleared " + std::to_string(n) + " rule(s)", true;
-  }
-  if (verb == "seed") {
-    if (!arg.empty()) {
-      uint64_t sd = 0;
-      if (!parse_fault_u64(arg, &sd)) return *reply = "seed: bad value \"" + std::string(arg) + "\"", false;
-      set_seed(sd);
-    }
-    return *reply = "seed " + std::to_string(seed()), true;
-  }
-  if (verb == "stats" && arg.empty()) return *reply = counters_text(), true;
-  if (verb == "trace" && arg.empty()) return *reply = format_trace(), true;
-  *reply = "unknown fault command \"" + std::string(line) +
-           "\" (add <rules> | list | remove <id> | clear | seed [<n>] | stats | trace)";
-  return false;
-}
-
 void FaultEngine::set_qpn_resolver(FaultQpnResolver fn) {
   std::lock_guard lk(mu_);
   resolver_ = std::move(fn);
@@ -521,12 +445,280 @@ bool FaultEngine::hold_locked(Direction dir, const Endpoint& src, const Endpoint
   return false;
 }
 
-bool FaultEngine::inject_nak_locked(RuleState& rs, const FaultAction& a, const Packet& p,
-                                    Direction dir, const Endpoint& src, const Endpoint& dst) {
-  (void)rs;
+// ---- Evaluation steps ----------------------------------------------------------------------
+// evaluate_locked (below) runs, per packet: count_holds_locked, parse_packet, then for each
+// rule static_keys_match -> blackhole_window_locked -> decide_locked -> fire_locked ->
+// apply_actions_locked (one apply_* per action kind, dispatched through kApply).
+
+// One packet under evaluation: its parsed form plus what the actions decided so far.
+struct FaultEngine::Eval {
+  uint64_t idx;
+  Direction dir;
+  const Endpoint& src;
+  const Endpoint& dst;
+  std::span<uint8_t> roce;
+  wire::FilterOut& out;
+  Packet p;
+  uint32_t hmask = 0;            // headers the opcode carries (wire/opcode.h masks)
+  uint8_t aeth_bit = kAethAll;   // ACKNOWLEDGE: which AETH type the syndrome is
+  uint8_t dbit = 0;              // rule.dirs bit of dir
+  uint64_t now_ns = 0;           // read lazily: only blackholes need the clock
+  Verdict verdict = Verdict::kPass;
+  bool stop = false;             // end evaluation even without a verdict (hold overflow)
+
+  uint64_t now() {
+    if (now_ns == 0) now_ns = wire::monotonic_ns();
+    return now_ns;
+  }
+};
+
+namespace {
+
+// The AETH type bit (kAethAck / kAethRnr / kAethNak) of an RC_ACKNOWLEDGE's syndrome.
+uint8_t aeth_type_bit(uint8_t syn) {
+  return wire::aeth::is_ack(syn) ? kAethAck : wire::aeth::is_rnr_nak(syn) ? kAethRnr
+       : wire::aeth::is_nak(syn) ? kAethNak : 0;
+}
+
+// Flips a.count bits of target: consecutive from a.offset (clamped into the target), or
+// distinct random bits drawn from rng (a repeat is re-drawn so flips never cancel).
+void flip_bits(std::span<uint8_t> target, const FaultAction& a, uint64_t& rng) {
+  const uint64_t len = target.size();
+  uint64_t picked[64];
+  for (uint32_t b = 0; b < a.count; ++b) {
+    uint64_t bit;
+    if (a.offset >= 0) {
+      uint64_t base = std::min<uint64_t>(uint64_t(a.offset), len - 1) * 8;
+      bit = std::min<uint64_t>(base + b, len * 8 - 1);
+      if (b > 0 && bit == picked[b - 1]) break;
+    } else {
+      for (;;) {
+        bit = splitmix64(rng) % (len * 8);
+        if (std::find(picked, picked + b, bit) == picked + b) break;
+        if (b >= len * 8) break;
+      }
+    }
+    picked[b] = bit;
+    target[bit / 8] ^= uint8_t(0x80u >> (bit % 8));
+  }
+}
+
+// The new value of a rewritten field (already masked to the field's width by the caller).
+uint64_t rewritten_value(const FaultAction& a, uint64_t old, uint64_t& rng) {
+  switch (a.op) {
+    case RewriteOp::kSet: return a.value;
+    case RewriteOp::kAdd: return old + a.value;
+    case RewriteOp::kSub: return old - a.value;
+    case RewriteOp::kXor: return old ^ a.value;
+    case RewriteOp::kRandom: return splitmix64(rng);
+  }
+  return old;
+}
+
+}  // namespace
+
+// Fills *p from the packet (already known to hold a BTH and an ICRC); false if it does not
+// parse, and the engine then passes it untouched.
+bool FaultEngine::parse_packet(std::span<uint8_t> roce, uint32_t qpn, Packet* p) {
+  if (wire::parse_roce(roce, &p->v) != wire::ParseError::kOk) return false;
+  p->opcode = p->v.opcode;
+  p->qpn = qpn;
+  p->psn = p->v.bth().psn();
+  p->hdr_len = p->v.hdr_len;
+  p->payload_off = size_t(p->v.payload - p->v.hdr);
+  p->payload_len = p->v.payload_len;
+  return true;
+}
+
+// Reorder holds count the packets that pass after the held one (same direction and QPN).
+void FaultEngine::count_holds_locked(Direction dir, uint32_t qpn) {
+  for (size_t i = 0; i < kSlots; ++i) {
+    Slot& s = slots_[i];
+    if (s.state == Slot::kHeld && s.hold_dir == dir && s.hold_qpn == qpn && --s.remaining == 0) {
+      s.state = Slot::kReady;
+      s.seq = ++slot_seq_;
+      --held_;
+    }
+  }
+  release_expired_locked(wire::monotonic_ns());
+}
+
+// The keys that need no per-rule state: direction, opcode, AETH type, QPN, length,
+// endpoints and the headers the rule's actions touch.
+bool FaultEngine::static_keys_match(const FaultRule& r, const Eval& e) {
+  const Packet& p = e.p;
+  if (!(r.dirs & e.dbit) || !r.has_opcode(p.opcode)) return false;
+  if (p.opcode == wire::op::kRcAcknowledge && !(r.aeth_types & e.aeth_bit)) return false;
+  if (r.qpn && !r.qpn->contains(p.qpn)) return false;
+  if (r.len && !r.len->contains(p.payload_len)) return false;
+  if (r.src && !r.src->matches(e.src)) return false;
+  if (r.dst && !r.dst->matches(e.dst)) return false;
+  if ((e.hmask & r.require_all) != r.require_all) return false;
+  if (r.require_any != 0 && !(e.hmask & r.require_any)) return false;
+  if (r.require_payload && p.payload_len == 0) return false;
+  return true;
+}
+
+// An open blackhole window swallows everything the rule's static keys match: true when it
+// did (the packet is dropped); an expired window closes here.
+bool FaultEngine::blackhole_window_locked(RuleState& rs, Eval& e) {
+  if (!rs.bh_active) return false;
+  if (rs.bh_until_ns == 0 || e.now() < rs.bh_until_ns) {
+    ++ctr_.blackholed;
+    ++ctr_.dropped;
+    record_locked(FaultTraceEvent{e.idx, e.dir, e.p.opcode, e.p.qpn, e.p.psn, rs.id, true});
+    return true;
+  }
+  rs.bh_active = false;
+  return false;
+}
+
+// The keys with per-rule state, in the documented order (fault_rules.h): psn (absolute or
+// relative to the flow), iter, pkt, nth/every, then p (the only draw from the rule's
+// stream, so it happens only when everything before matched) and max.
+bool FaultEngine::decide_locked(RuleState& rs, Eval& e) {
+  const FaultRule& r = rs.rule;
+  const uint32_t psn = e.p.psn;
+  Flow* flow = r.needs_flows() ? rs.flow(e.dir, e.p.qpn, psn) : nullptr;
+  uint64_t iter = 1;
+  if (r.iter) {
+    uint32_t slot = psn & 255;
+    if (flow->tag[slot] == (psn | kTagValid)) {
+      iter = ++flow->count[slot];
+    } else {
+      flow->tag[slot] = psn | kTagValid;
+      flow->count[slot] = 1;
+    }
+  }
+  if (r.psn) {
+    uint32_t v = r.psn_relative ? ((psn - flow->base_psn) & wire::kPsnMask) : psn;
+    if (!r.psn->contains(v)) return false;
+  }
+  if (r.iter && !r.iter->contains(iter)) return false;
+  if (r.pkt && !r.pkt->contains(e.idx)) return false;
+  uint64_t n = ++rs.nth_count;
+  if (r.nth && !r.nth->contains(n)) return false;
+  if (r.every != 0 && n % r.every != 0) return false;
+  if (r.use_prob && splitmix64(rs.rng) >= r.prob_threshold) return false;
+  return rs.fired < r.max_fires;
+}
+
+// A firing: per-rule and engine counters, one trace event.
+void FaultEngine::fire_locked(RuleState& rs, const Eval& e) {
+  ++rs.fired;
+  ++ctr_.fired;
+  record_locked(FaultTraceEvent{e.idx, e.dir, e.p.opcode, e.p.qpn, e.p.psn, rs.id, false});
+}
+
+// ---- Actions: one function per FaultActionKind ---------------------------------------------
+
+void FaultEngine::apply_drop(RuleState&, const FaultAction&, Eval& e) {
+  ++ctr_.dropped;
+  e.verdict = Verdict::kDrop;
+}
+
+void FaultEngine::apply_duplicate(RuleState&, const FaultAction& a, Eval& e) {
+  ctr_.duplicated += a.count;
+  e.out.copies = uint8_t(a.count);
+  e.verdict = Verdict::kDuplicate;
+}
+
+void FaultEngine::apply_delay(RuleState&, const FaultAction& a, Eval& e) {
+  ++ctr_.delayed;
+  e.out.delay_us = uint32_t(a.time_us);
+  e.verdict = Verdict::kDelay;
+}
+
+// The engine takes the packet (the port sees a drop) and drain() emits it later; without a
+// free slot it is delivered unchanged and evaluation stops as a verdict would.
+void FaultEngine::apply_reorder(RuleState&, const FaultAction& a, Eval& e) {
+  std::span<const uint8_t> bytes = e.roce.first(std::min<size_t>(e.out.len, e.roce.size()));
+  if (hold_locked(e.dir, e.src, e.dst, bytes, e.p.qpn, a.count, a.time_us)) {
+    ++ctr_.reordered;
+    e.verdict = Verdict::kDrop;
+  } else {
+    ++ctr_.hold_overflow;
+    e.verdict = Verdict::kPass;
+    e.stop = true;
+  }
+}
+
+void FaultEngine::apply_corrupt(RuleState& rs, const FaultAction& a, Eval& e) {
+  size_t lo = 0, len = 0;
+  switch (a.target) {
+    case CorruptTarget::kPayload: lo = e.p.payload_off, len = e.p.payload_len; break;
+    case CorruptTarget::kIcrc: lo = e.roce.size() - wire::kIcrcBytes, len = wire::kIcrcBytes; break;
+    case CorruptTarget::kHeader: lo = 0, len = e.p.hdr_len; break;
+  }
+  if (len == 0) return;
+  flip_bits(e.roce.subspan(lo, len), a, rs.rng);
+  ++ctr_.corrupted;
+  if (a.fix_icrc) fix_icrc(e.roce, e.src, e.dst);
+}
+
+// Where the field is comes from kFaultFields (emu/fault/fault_rules.h) alone.
+void FaultEngine::apply_rewrite(RuleState& rs, const FaultAction& a, Eval& e) {
+  const FaultFieldInfo& fi = fault_field_info(a.field);
+  uint8_t* at = field_header(e.roce, *e.p.v.info, fi.header) + fi.offset;
+  const unsigned shift = unsigned(std::countr_zero(fi.mask));
+  uint64_t word = load_be(at, fi.width);
+  uint64_t v = rewritten_value(a, (word & fi.mask) >> shift, rs.rng);
+  word = (word & ~(fi.mask | fi.clear)) | ((v << shift) & fi.mask);
+  store_be(at, fi.width, word);
+  ++ctr_.rewritten;
+  if (a.fix_icrc) fix_icrc(e.roce, e.src, e.dst);
+}
+
+void FaultEngine::apply_truncate(RuleState&, const FaultAction& a, Eval& e) {
+  e.out.len = std::min<uint32_t>(e.out.len, a.count);
+  ++ctr_.truncated;
+}
+
+void FaultEngine::apply_nak(RuleState&, const FaultAction& a, Eval& e) {
+  if (!inject_nak_locked(a, e)) {
+    ++ctr_.inject_unresolved;
+    return;
+  }
+  ++ctr_.injected;
+  if (!a.keep) {
+    ++ctr_.dropped;
+    e.verdict = Verdict::kDrop;
+  }
+}
+
+void FaultEngine::apply_blackhole(RuleState& rs, const FaultAction& a, Eval& e) {
+  rs.bh_active = true;
+  rs.bh_until_ns = a.time_us == 0 ? 0 : e.now() + a.time_us * 1000;
+  ++ctr_.blackholed;
+  ++ctr_.dropped;
+  e.verdict = Verdict::kDrop;
+}
+
+// Indexed by FaultActionKind.
+const FaultEngine::ApplyFn FaultEngine::kApply[] = {
+    &FaultEngine::apply_drop,    &FaultEngine::apply_duplicate, &FaultEngine::apply_delay,
+    &FaultEngine::apply_reorder, &FaultEngine::apply_corrupt,   &FaultEngine::apply_rewrite,
+    &FaultEngine::apply_truncate, &FaultEngine::apply_nak,      &FaultEngine::apply_blackhole,
+};
+
+// Runs the rule's actions in order; true if evaluation ends with this rule (a verdict, or a
+// hold that could not be made).
+bool FaultEngine::apply_actions_locked(RuleState& rs, Eval& e) {
+  static_assert(std::size(kApply) == size_t(FaultActionKind::kBlackhole) + 1);
+  for (const FaultAction& a : rs.rule.actions) {
+    (this->*kApply[size_t(a.kind)])(rs, a, e);
+    if (e.stop) return true;
+  }
+  return e.verdict != Verdict::kPass;
+}
+
+// Synthesizes an ACKNOWLEDGE carrying a.syndrome toward the matched packet's sender, ready
+// to drain. False if the requester's QPN is unknown or no slot is free.
+bool FaultEngine::inject_nak_locked(const FaultAction& a, const Eval& e) {
+  const Packet& p = e.p;
   std::optional<uint32_t> qpn;
   if (a.has_qpn) qpn = a.qpn;
-  else if (resolver_) qpn = resolver_(dir, src, dst, p.qpn);
+  else if (resolver_) qpn = resolver_(e.dir, e.src, e.dst, p.qpn);
   if (!qpn) return false;
   for (size_t i = 0; i < kSlots; ++i) {
     Slot& s = slots_[i];
@@ -540,12 +732,13 @@ bool FaultEngine::inject_nak_locked(RuleState& rs, const FaultAction& a, const P
     f.msn = a.msn;
     // Toward the sender: from the matched packet's destination to its source. A tx match
     // (we are the requester) comes back to us on rx; an rx match goes out on tx.
-    size_t len = wire::build_roce(std::span<uint8_t>(s.data, kSlotBytes), f, {}, meta_of(dst, src));
+    size_t len = wire::build_roce(std::span<uint8_t>(s.data, kSlotBytes), f, {},
+                                  wire::meta_between(e.dst, e.src));
     if (len == 0) return false;
     s.state = Slot::kReady;
-    s.out_dir = dir == Direction::kTx ? Direction::kRx : Direction::kTx;
-    s.src = dst;
-    s.dst = src;
+    s.out_dir = e.dir == Direction::kTx ? Direction::kRx : Direction::kTx;
+    s.src = e.dst;
+    s.dst = e.src;
     s.len = uint32_t(len);
     s.seq = ++slot_seq_;
     live_slots_.fetch_add(1, std::memory_order_release);
@@ -577,261 +770,30 @@ Verdict FaultEngine::on_packet(Direction dir, const Endpoint& src, const Endpoin
   }
 }
 
+// Rules are tried in order (semantics in emu/fault/fault.h): the first rule whose actions
+// give a verdict ends evaluation; modifying actions let the next rule see the new bytes.
 Verdict FaultEngine::evaluate_locked(uint64_t idx, Direction dir, const Endpoint& src,
                                      const Endpoint& dst, std::span<uint8_t> roce,
                                      wire::FilterOut& out) {
   ++ctr_.examined;
   const uint32_t qpn = wire::load_be24(roce.data() + 5);
-  // Reorder holds count the packets that pass after the held one (same direction and QPN).
-  if (held_ != 0) {
-    for (size_t i = 0; i < kSlots; ++i) {
-      Slot& s = slots_[i];
-      if (s.state == Slot::kHeld && s.hold_dir == dir && s.hold_qpn == qpn && --s.remaining == 0) {
-        s.state = Slot::kReady;
-        s.seq = ++slot_seq_;
-        --held_;
-      }
-    }
-    release_expired_locked(wire::monotonic_ns());
-  }
+  if (held_ != 0) count_holds_locked(dir, qpn);
   if (rules_.empty()) return Verdict::kPass;
-
-  Packet p;
-  if (wire::parse_roce(roce, &p.v) != wire::ParseError::kOk) return Verdict::kPass;
-  p.opcode = p.v.opcode;
-  p.qpn = qpn;
-  p.psn = p.v.bth().psn();
-  p.hdr_len = p.v.hdr_len;
-  p.payload_off = size_t(p.v.payload - p.v.hdr);
-  p.payload_len = p.v.payload_len;
-  const uint32_t hmask = p.v.info->mask;
-  uint8_t aeth_bit = kAethAll;
-  if (p.opcode == wire::op::kRcAcknowledge) {
-    uint8_t syn = p.v.aeth().syndrome();
-    aeth_bit = wire::aeth::is_ack(syn) ? kAethAck : wire::aeth::is_rnr_nak(syn) ? kAethRnr
-             : wire::aeth::is_nak(syn) ? kAethNak : 0;
-  }
-  const uint8_t dbit = uint8_t(1u << dir_index(dir));
-  uint64_t now_ns = 0;  // read lazily: only blackholes need the clock
-
-  Verdict verdict = Verdict::kPass;
+  Eval e{idx, dir, src, dst, roce, out, {}};
+  if (!parse_packet(roce, qpn, &e.p)) return Verdict::kPass;
+  e.hmask = e.p.v.info->mask;
+  if (e.p.opcode == wire::op::kRcAcknowledge) e.aeth_bit = aeth_type_bit(e.p.v.aeth().syndrome());
+  e.dbit = uint8_t(1u << dir_index(dir));
   for (auto& rsp : rules_) {
     RuleState& rs = *rsp;
-    const FaultRule& r = rs.rule;
-    // Static keys.
-    if (!(r.dirs & dbit) || !r.has_opcode(p.opcode)) continue;
-    if (p.opcode == wire::op::kRcAcknowledge && !(r.aeth_types & aeth_bit)) continue;
-    if (r.qpn && !r.qpn->contains(qpn)) continue;
-    if (r.len && !r.len->contains(p.payload_len)) continue;
-    if (r.src && !r.src->matches(src)) continue;
-    if (r.dst && !r.dst->matches(dst)) continue;
-    if ((hmask & r.require_all) != r.require_all) continue;
-    if (r.require_any != 0 && !(hmask & r.require_any)) continue;
-    if (r.require_payload && p.payload_len == 0) continue;
+    if (!static_keys_match(rs.rule, e)) continue;
     ++rs.matched;
-    // An open blackhole window swallows everything the static keys match.
-    if (rs.bh_active) {
-      if (now_ns == 0) now_ns = wire::monotonic_ns();
-      if (rs.bh_until_ns == 0 || now_ns < rs.bh_until_ns) {
-        ++ctr_.blackholed;
-        ++ctr_.dropped;
-        FaultTraceEvent ev{idx, dir, p.opcode, qpn, p.psn, rs.id, true};
-        record_locked(ev);
-        return Verdict::kDrop;
-      }
-      rs.bh_active = false;
-    }
-    Flow* flow = r.needs_flows() ? rs.flow(dir, qpn, p.psn) : nullptr;
-    uint64_t iter = 1;
-    if (r.iter) {
-      uint32_t slot = p.psn & 255;
-      if (flow->tag[slot] == (p.psn | kTagValid)) {
-        iter = ++flow->count[slot];
-      } else {
-        flow->tag[slot] = p.psn | kTagValid;
-        flow->count[slot] = 1;
-      }
-    }
-    if (r.psn) {
-      uint32_t v = r.psn_relative ? ((p.psn - flow->base_psn) & wire::kPsnMask) : p.psn;
-      if (!r.psn->contains(v)) continue;
-    }
-    if (r.iter && !r.iter->contains(iter)) continue;
-    if (r.pkt && !r.pkt->contains(idx)) continue;
-    uint64_t n = ++rs.nth_count;
-    if (r.nth && !r.nth->contains(n)) continue;
-    if (r.every != 0 && n % r.every != 0) continue;
-    if (r.use_prob && splitmix64(rs.rng) >= r.prob_threshold) continue;
-    if (rs.fired >= r.max_fires) continue;
-
-    // Fire.
-    ++rs.fired;
-    ++ctr_.fired;
-    record_locked(FaultTraceEvent{idx, dir, p.opcode, qpn, p.psn, rs.id, false});
-    for (const FaultAction& a : r.actions) {
-      switch (a.kind) {
-        case FaultActionKind::kDrop:
-          ++ctr_.dropped;
-          verdict = Verdict::kDrop;
-          break;
-        case FaultActionKind::kDuplicate:
-          ctr_.duplicated += a.count;
-          out.copies = uint8_t(a.count);
-          verdict = Verdict::kDuplicate;
-          break;
-        case FaultActionKind::kDelay:
-          ++ctr_.delayed;
-          out.delay_us = uint32_t(a.time_us);
-          verdict = Verdict::kDelay;
-          break;
-        case FaultActionKind::kReorder:
-          if (hold_locked(dir, src, dst, roce.first(std::min<size_t>(out.len, roce.size())), qpn,
-                          a.count, a.time_us)) {
-            ++ctr_.reordered;
-            verdict = Verdict::kDrop;  // the engine owns it now; drain() emits it later
-          } else {
-            ++ctr_.hold_overflow;
-            verdict = Verdict::kPass;
-            goto done;  // could not hold: deliver unchanged, stop like a verdict would
-          }
-          break;
-        case FaultActionKind::kCorrupt: {
-          size_t lo = 0, len = 0;
-          if (a.target == CorruptTarget::kPayload) lo = p.payload_off, len = p.payload_len;
-          else if (a.target == CorruptTarget::kIcrc) lo = roce.size() - wire::kIcrcBytes, len = wire::kIcrcBytes;
-          else lo = 0, len = p.hdr_len;
-          if (len == 0) break;
-          uint64_t picked[64];
-          for (uint32_t b = 0; b < a.count; ++b) {
-            uint64_t bit;
-            if (a.offset >= 0) {
-              // Consecutive bits from the given byte (clamped into the target).
-              uint64_t base = std::min<uint64_t>(uint64_t(a.offset), len - 1) * 8;
-              bit = std::min<uint64_t>(base + b, len * 8 - 1);
-              if (b > 0 && bit == picked[b - 1]) break;
-            } else {
-              // Distinct random bits (re-draw on a repeat so flips never cancel).
-              for (;;) {
-                bit = splitmix64(rs.rng) % (len * 8);
-                if (std::find(picked, picked + b, bit) == picked + b) break;
-                if (b >= len * 8) break;
-              }
-            }
-            picked[b] = bit;
-            roce[lo + bit / 8] ^= uint8_t(0x80u >> (bit % 8));
-          }
-          ++ctr_.corrupted;
-          if (a.fix_icrc) fix_icrc(roce, src, dst);
-          break;
-        }
-        case FaultActionKind::kRewrite: {
-          uint8_t* h = roce.data();
-          const wire::OpcodeInfo& info = *p.v.info;
-          auto at = [&](wire::HdrType t) { return h + info.offset[t]; };
-          FaultField f = a.field;
-          if (f == FaultField::kRkey) f = (hmask & wire::kRethMask) ? FaultField::kRethRkey : FaultField::kAtomicRkey;
-          if (f == FaultField::kVa) f = (hmask & wire::kRethMask) ? FaultField::kRethVa : FaultField::kAtomicVa;
-          wire::Bth bth(h);
-          uint64_t old = 0;
-          switch (f) {
-            case FaultField::kOpcode: old = bth.opcode(); break;
-            case FaultField::kSe: old = bth.se(); break;
-            case FaultField::kMig: old = bth.mig(); break;
-            case FaultField::kPad: old = bth.pad_cnt(); break;
-            case FaultField::kTver: old = bth.tver(); break;
-            case FaultField::kPkey: old = bth.pkey(); break;
-            case FaultField::kFecn: old = bth.fecn(); break;
-            case FaultField::kBecn: old = bth.becn(); break;
-            case FaultField::kQpn: old = bth.dest_qp(); break;
-            case FaultField::kAckReq: old = bth.ack_req(); break;
-            case FaultField::kPsn: old = bth.psn(); break;
-            case FaultField::kRethVa: old = wire::Reth(at(wire::kHdrReth)).va(); break;
-            case FaultField::kRethRkey: old = wire::Reth(at(wire::kHdrReth)).rkey(); break;
-            case FaultField::kRethLen: old = wire::Reth(at(wire::kHdrReth)).dma_len(); break;
-            case FaultField::kAethSyndrome: old = wire::Aeth(at(wire::kHdrAeth)).syndrome(); break;
-            case FaultField::kAethMsn: old = wire::Aeth(at(wire::kHdrAeth)).msn(); break;
-            case FaultField::kAtomicVa: old = wire::AtomicEth(at(wire::kHdrAtmEth)).va(); break;
-            case FaultField::kAtomicRkey: old = wire::AtomicEth(at(wire::kHdrAtmEth)).rkey(); break;
-            case FaultField::kAtomicSwap: old = wire::AtomicEth(at(wire::kHdrAtmEth)).swap_add(); break;
-            case FaultField::kAtomicCompare: old = wire::AtomicEth(at(wire::kHdrAtmEth)).compare(); break;
-            case FaultField::kAtomicAckOrig: old = wire::AtomicAckEth(at(wire::kHdrAtmAck)).orig(); break;
-            case FaultField::kDethQkey: old = wire::Deth(at(wire::kHdrDeth)).qkey(); break;
-            case FaultField::kDethSrcQp: old = wire::Deth(at(wire::kHdrDeth)).src_qp(); break;
-            case FaultField::kImm: old = wire::ImmDt(at(wire::kHdrImmDt)).imm(); break;
-            case FaultField::kIethRkey: old = wire::Ieth(at(wire::kHdrIeth)).inv_rkey(); break;
-            default: break;
-          }
-          uint64_t v = 0;
-          switch (a.op) {
-            case RewriteOp::kSet: v = a.value; break;
-            case RewriteOp::kAdd: v = old + a.value; break;
-            case RewriteOp::kSub: v = old - a.value; break;
-            case RewriteOp::kXor: v = old ^ a.value; break;
-            case RewriteOp::kRandom: v = splitmix64(rs.rng); break;
-          }
-          uint32_t bits = field_bits(f);
-          if (bits < 64) v &= (uint64_t{1} << bits) - 1;
-          switch (f) {
-            case FaultField::kOpcode: bth.set_opcode(uint8_t(v)); break;
-            case FaultField::kSe: bth.set_se(v); break;
-            case FaultField::kMig: bth.set_mig(v); break;
-            case FaultField::kPad: bth.set_pad_cnt(uint8_t(v)); break;
-            case FaultField::kTver: bth.set_tver(uint8_t(v)); break;
-            case FaultField::kPkey: bth.set_pkey(uint16_t(v)); break;
-            case FaultField::kFecn: bth.set_fecn(v); break;
-            case FaultField::kBecn: bth.set_becn(v); break;
-            case FaultField::kQpn: bth.set_dest_qp(uint32_t(v)); break;
-            case FaultField::kAckReq: bth.set_ack_req(v); break;
-            case FaultField::kPsn: bth.set_psn(uint32_t(v)); break;
-            case FaultField::kRethVa: wire::Reth(at(wire::kHdrReth)).set_va(v); break;
-            case FaultField::kRethRkey: wire::Reth(at(wire::kHdrReth)).set_rkey(uint32_t(v)); break;
-            case FaultField::kRethLen: wire::Reth(at(wire::kHdrReth)).set_dma_len(uint32_t(v)); break;
-            case FaultField::kAethSyndrome: wire::Aeth(at(wire::kHdrAeth)).set_syndrome(uint8_t(v)); break;
-            case FaultField::kAethMsn: wire::Aeth(at(wire::kHdrAeth)).set_msn(uint32_t(v)); break;
-            case FaultField::kAtomicVa: wire::AtomicEth(at(wire::kHdrAtmEth)).set_va(v); break;
-            case FaultField::kAtomicRkey: wire::AtomicEth(at(wire::kHdrAtmEth)).set_rkey(uint32_t(v)); break;
-            case FaultField::kAtomicSwap: wire::AtomicEth(at(wire::kHdrAtmEth)).set_swap_add(v); break;
-            case FaultField::kAtomicCompare: wire::AtomicEth(at(wire::kHdrAtmEth)).set_compare(v); break;
-            case FaultField::kAtomicAckOrig: wire::AtomicAckEth(at(wire::kHdrAtmAck)).set_orig(v); break;
-            case FaultField::kDethQkey: wire::Deth(at(wire::kHdrDeth)).set_qkey(uint32_t(v)); break;
-            case FaultField::kDethSrcQp: wire::Deth(at(wire::kHdrDeth)).set_src_qp(uint32_t(v)); break;
-            case FaultField::kImm: wire::ImmDt(at(wire::kHdrImmDt)).set_imm(uint32_t(v)); break;
-            case FaultField::kIethRkey: wire::Ieth(at(wire::kHdrIeth)).set_inv_rkey(uint32_t(v)); break;
-            default: break;
-          }
-          ++ctr_.rewritten;
-          if (a.fix_icrc) fix_icrc(roce, src, dst);
-          break;
-        }
-        case FaultActionKind::kTruncate:
-          out.len = std::min<uint32_t>(out.len, a.count);
-          ++ctr_.truncated;
-          break;
-        case FaultActionKind::kNak:
-          if (inject_nak_locked(rs, a, p, dir, src, dst)) {
-            ++ctr_.injected;
-            if (!a.keep) {
-              ++ctr_.dropped;
-              verdict = Verdict::kDrop;
-            }
-          } else {
-            ++ctr_.inject_unresolved;
-          }
-          break;
-        case FaultActionKind::kBlackhole:
-          if (now_ns == 0) now_ns = wire::monotonic_ns();
-          rs.bh_active = true;
-          rs.bh_until_ns = a.time_us == 0 ? 0 : now_ns + a.time_us * 1000;
-          ++ctr_.blackholed;
-          ++ctr_.dropped;
-          verdict = Verdict::kDrop;
-          break;
-      }
-    }
-    if (verdict != Verdict::kPass) break;  // the first rule with a verdict ends evaluation
+    if (blackhole_window_locked(rs, e)) return Verdict::kDrop;
+    if (!decide_locked(rs, e)) continue;
+    fire_locked(rs, e);
+    if (apply_actions_locked(rs, e)) break;
   }
-done:
-  return verdict;
+  return e.verdict;
 }
 
 // ---- Environment -------------------------------------------------------------------------

@@ -131,14 +131,6 @@ class FaultEngine final : public wire::PacketFilter, public wire::HeldPacketSour
   // counters() as "name value" lines (names stable, for `softrnic stats` and logs).
   std::string counters_text() const;
 
-  // One runtime control command, as the CLI sends it through the device's control socket
-  // (`softrnic fault add|list|remove|clear|seed|stats|trace`). Thread-safe. Returns true
-  // with the reply text, or false with an error message in *reply:
-  //   add <plan>    -> "added <n> rule(s): <id> ..."   (plan as in SOFTRNIC_FAULTS)
-  //   list          -> list_text()                      remove <id> -> "removed <id>"
-  //   clear         -> "cleared <n> rule(s)"            seed [<n>]  -> "seed <n>" (sets if given)
-  //   stats         -> counters_text()                  trace       -> format_trace()
-  bool command(std::string_view line, std::string* reply);
   void set_qpn_resolver(FaultQpnResolver fn);
 
   // ---- Trace ---------------------------------------------------------------------------
@@ -193,17 +185,36 @@ class FaultEngine final : public wire::PacketFilter, public wire::HeldPacketSour
   struct RuleState;
   struct Slot;
   struct Packet;
+  struct Eval;
+  using ApplyFn = void (FaultEngine::*)(RuleState&, const FaultAction&, Eval&);
 
   void rebuild_masks_locked();
   void reset_rule_locked(RuleState& rs);
+  // Per packet under the lock; the steps it runs are defined next to it in fault.cc.
   wire::Verdict evaluate_locked(uint64_t idx, wire::Direction dir, const wire::Endpoint& src,
                                 const wire::Endpoint& dst, std::span<uint8_t> roce,
                                 wire::FilterOut& out);
+  static bool parse_packet(std::span<uint8_t> roce, uint32_t qpn, Packet* p);
+  void count_holds_locked(wire::Direction dir, uint32_t qpn);
+  static bool static_keys_match(const FaultRule& r, const Eval& e);
+  bool blackhole_window_locked(RuleState& rs, Eval& e);
+  bool decide_locked(RuleState& rs, Eval& e);
+  void fire_locked(RuleState& rs, const Eval& e);
+  bool apply_actions_locked(RuleState& rs, Eval& e);
+  // One per FaultActionKind, in kApply.
+  void apply_drop(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_duplicate(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_delay(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_reorder(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_corrupt(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_rewrite(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_truncate(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_nak(RuleState& rs, const FaultAction& a, Eval& e);
+  void apply_blackhole(RuleState& rs, const FaultAction& a, Eval& e);
+  static const ApplyFn kApply[];
   bool hold_locked(wire::Direction dir, const wire::Endpoint& src, const wire::Endpoint& dst,
                    std::span<const uint8_t> bytes, uint32_t qpn, uint32_t k, uint64_t max_us);
-  bool inject_nak_locked(RuleState& rs, const FaultAction& a, const Packet& p,
-                         wire::Direction dir, const wire::Endpoint& src,
-                         const wire::Endpoint& dst);
+  bool inject_nak_locked(const FaultAction& a, const Eval& e);
   void record_locked(const FaultTraceEvent& e);
   void release_expired_locked(uint64_t now_ns);
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <iterator>
 
 #include "wire/hdr.h"
 #include "wire/opcode.h"
@@ -42,40 +43,44 @@ bool FaultAction::terminal() const {
 
 namespace {
 
-struct FieldName {
-  const char* name;
-  FaultField field;
-};
-// Accepted spellings; the first spelling of each field is its canonical name.
-constexpr FieldName kFieldNames[] = {
-    {"bth.opcode", FaultField::kOpcode}, {"opcode", FaultField::kOpcode},
-    {"bth.se", FaultField::kSe},         {"se", FaultField::kSe},
-    {"bth.mig", FaultField::kMig},       {"mig", FaultField::kMig},
-    {"bth.pad", FaultField::kPad},       {"pad", FaultField::kPad},
-    {"bth.tver", FaultField::kTver},     {"tver", FaultField::kTver},
-    {"bth.pkey", FaultField::kPkey},     {"pkey", FaultField::kPkey},
-    {"bth.fecn", FaultField::kFecn},     {"fecn", FaultField::kFecn},
-    {"bth.becn", FaultField::kBecn},     {"becn", FaultField::kBecn},
-    {"bth.qpn", FaultField::kQpn},       {"qpn", FaultField::kQpn},
-    {"bth.ackreq", FaultField::kAckReq}, {"ackreq", FaultField::kAckReq},
-    {"bth.psn", FaultField::kPsn},       {"psn", FaultField::kPsn},
-    {"reth.va", FaultField::kRethVa},
-    {"reth.rkey", FaultField::kRethRkey},
-    {"reth.len", FaultField::kRethLen},  {"dma_len", FaultField::kRethLen},
-    {"aeth.syndrome", FaultField::kAethSyndrome}, {"syndrome", FaultField::kAethSyndrome},
-    {"aeth.msn", FaultField::kAethMsn},  {"msn", FaultField::kAethMsn},
-    {"atomic.va", FaultField::kAtomicVa},
-    {"atomic.rkey", FaultField::kAtomicRkey},
-    {"atomic.swap", FaultField::kAtomicSwap},
-    {"atomic.compare", FaultField::kAtomicCompare},
-    {"atomicack.orig", FaultField::kAtomicAckOrig}, {"orig", FaultField::kAtomicAckOrig},
-    {"deth.qkey", FaultField::kDethQkey}, {"qkey", FaultField::kDethQkey},
-    {"deth.srcqp", FaultField::kDethSrcQp}, {"src_qp", FaultField::kDethSrcQp},
-    {"imm", FaultField::kImm},           {"immdt.imm", FaultField::kImm},
-    {"ieth.rkey", FaultField::kIethRkey}, {"inv_rkey", FaultField::kIethRkey},
-    {"rkey", FaultField::kRkey},
-    {"va", FaultField::kVa},
-};
+// kFaultFields is indexed by FaultField: each row names its own enumerator.
+constexpr bool fields_in_enum_order() {
+  for (size_t i = 0; i < std::size(kFaultFields); ++i)
+    if (size_t(kFaultFields[i].field) != i) return false;
+  return std::size(kFaultFields) == size_t(FaultField::kVa) + 1;
+}
+static_assert(fields_in_enum_order(), "kFaultFields rows must follow the FaultField order");
+
+}  // namespace
+
+const FaultFieldInfo& fault_field_info(FaultField f) { return kFaultFields[size_t(f)]; }
+
+const char* fault_field_name(FaultField f) {
+  return size_t(f) < std::size(kFaultFields) ? kFaultFields[size_t(f)].name : "?";
+}
+
+const char* fault_field_header_name(FieldHeader h) {
+  switch (h) {
+    case FieldHeader::kBth: return "BTH";
+    case FieldHeader::kReth: return "RETH";
+    case FieldHeader::kAeth: return "AETH";
+    case FieldHeader::kAtomicEth: return "AtomicETH";
+    case FieldHeader::kAtomicAckEth: return "AtomicAckETH";
+    case FieldHeader::kDeth: return "DETH";
+    case FieldHeader::kImmDt: return "ImmDt";
+    case FieldHeader::kIeth: return "IETH";
+    case FieldHeader::kRethOrAtomicEth: return "RETH|AtomicETH";
+  }
+  return "?";
+}
+
+const FaultFieldInfo* find_fault_field(std::string_view name) {
+  for (const FaultFieldInfo& f : kFaultFields)
+    if (name == f.name || (f.alias != nullptr && name == f.alias)) return &f;
+  return nullptr;
+}
+
+namespace {
 
 std::string lower(std::string_view s) {
   std::string r(s);
@@ -447,23 +452,18 @@ std::string RuleParser::parse_match(Piece key, Piece val) {
                            "\" (name dir qpn op class psn nth every pkt iter p len src dst max once)");
 }
 
+// A rule that rewrites a field matches only packets carrying the field's header.
 std::string RuleParser::require_for_field(FaultField f) {
-  FaultRule& r = *r_;
-  switch (f) {
-    case FaultField::kRethVa: case FaultField::kRethRkey: case FaultField::kRethLen:
-      r.require_all |= wire::kRethMask; break;
-    case FaultField::kAethSyndrome: case FaultField::kAethMsn:
-      r.require_all |= wire::kAethMask; break;
-    case FaultField::kAtomicVa: case FaultField::kAtomicRkey: case FaultField::kAtomicSwap:
-    case FaultField::kAtomicCompare:
-      r.require_all |= wire::kAtmEthMask; break;
-    case FaultField::kAtomicAckOrig: r.require_all |= wire::kAtmAckMask; break;
-    case FaultField::kDethQkey: case FaultField::kDethSrcQp: r.require_all |= wire::kDethMask; break;
-    case FaultField::kImm: r.require_all |= wire::kImmMask; break;
-    case FaultField::kIethRkey: r.require_all |= wire::kIethMask; break;
-    case FaultField::kRkey: case FaultField::kVa:
-      r.require_any |= wire::kRethMask | wire::kAtmEthMask; break;
-    default: break;
+  switch (fault_field_info(f).header) {
+    case FieldHeader::kBth: break;
+    case FieldHeader::kReth: r_->require_all |= wire::kRethMask; break;
+    case FieldHeader::kAeth: r_->require_all |= wire::kAethMask; break;
+    case FieldHeader::kAtomicEth: r_->require_all |= wire::kAtmEthMask; break;
+    case FieldHeader::kAtomicAckEth: r_->require_all |= wire::kAtmAckMask; break;
+    case FieldHeader::kDeth: r_->require_all |= wire::kDethMask; break;
+    case FieldHeader::kImmDt: r_->require_all |= wire::kImmMask; break;
+    case FieldHeader::kIeth: r_->require_all |= wire::kIethMask; break;
+    case FieldHeader::kRethOrAtomicEth: r_->require_any |= wire::kRethMask | wire::kAtmEthMask; break;
   }
   return "";
 }
@@ -576,15 +576,9 @@ std::string RuleParser::parse_action(Piece a, FaultAction* act) {
       fend = eq - 1;
     }
     std::string fname = lower(trim(Piece{s.substr(0, fend), 0}).s);
-    bool found = false;
-    for (const FieldName& fn : kFieldNames) {
-      if (fname == fn.name) {
-        act->field = fn.field;
-        found = true;
-        break;
-      }
-    }
-    if (!found) return fail(args[0].off, "unknown header field \"" + fname + "\"");
+    const FaultFieldInfo* field = find_fault_field(fname);
+    if (field == nullptr) return fail(args[0].off, "unknown header field \"" + fname + "\"");
+    act->field = field->field;
     Piece v = trim(Piece{s.substr(eq + 1), args[0].off + eq + 1});
     if (lower(v.s) == "random") {
       if (act->op != RewriteOp::kSet) return fail(v.off, "random only with '='");

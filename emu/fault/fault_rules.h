@@ -32,11 +32,20 @@
 //            | rnr(TIMER [, qpn=N] [, psn=N] [, msn=N] [, keep]) | blackhole[(T)]
 //     T: N[us|ms|s] (bare number = µs); blackhole without T (or "inf") lasts forever.
 //     CODE: psn_seq inv_req rem_access rem_op inv_rd or 0..31.  TIMER: 0..31 (IB RNR code).
-//     FIELD: opcode se mig pad tver pkey fecn becn qpn ackreq psn (bth.* also accepted)
-//            reth.va reth.rkey reth.len (dma_len) aeth.syndrome (syndrome) aeth.msn (msn)
-//            atomic.va atomic.rkey atomic.swap atomic.compare atomicack.orig (orig)
-//            deth.qkey (qkey) deth.srcqp (src_qp) imm ieth.rkey (inv_rkey)
-//            rkey / va: RETH's if present, else AtomicETH's.
+//     FIELD: one of these, per header "NAME [ALIAS]" (the list is kFaultFields below;
+//            tests/emu/fault_rules_test.cc checks that this list equals it):
+//       BTH: bth.opcode [opcode] bth.se [se] bth.mig [mig] bth.pad [pad] bth.tver [tver]
+//            bth.pkey [pkey] bth.fecn [fecn] bth.becn [becn] bth.qpn [qpn] bth.ackreq [ackreq]
+//            bth.psn [psn]
+//       RETH: reth.va reth.rkey reth.len [dma_len]
+//       AETH: aeth.syndrome [syndrome] aeth.msn [msn]
+//       AtomicETH: atomic.va atomic.rkey atomic.swap atomic.compare
+//       AtomicAckETH: atomicack.orig [orig]
+//       DETH: deth.qkey [qkey] deth.srcqp [src_qp]
+//       ImmDt: imm [immdt.imm]
+//       IETH: ieth.rkey [inv_rkey]
+//       RETH|AtomicETH: rkey va
+//            (RETH's if the packet has one, else AtomicETH's)
 //   Semantics: nth/every count packets that reached the rule and passed its other static keys
 //   (evaluation stops at the first rule that returns a verdict, so later rules do not see that
 //   packet). dup(N) sends N extra copies. reorder(K) holds the packet in the engine until K more
@@ -76,6 +85,7 @@ const char* fault_action_name(FaultActionKind k);
 
 enum class CorruptTarget : uint8_t { kPayload, kIcrc, kHeader };
 
+// A header field rewrite(FIELD ...) can change. The enumerators index kFaultFields.
 enum class FaultField : uint8_t {
   kOpcode, kSe, kMig, kPad, kTver, kPkey, kFecn, kBecn, kQpn, kAckReq, kPsn,
   kRethVa, kRethRkey, kRethLen, kAethSyndrome, kAethMsn,
@@ -84,7 +94,67 @@ enum class FaultField : uint8_t {
   kRkey,  // RETH or AtomicETH R_Key
   kVa,    // RETH or AtomicETH VA
 };
+
+// The header a field lives in. kRethOrAtomicEth: the RETH if the packet has one, else the
+// AtomicETH; VA and R_Key sit at the same offsets in both (wire/hdr.h).
+enum class FieldHeader : uint8_t {
+  kBth, kReth, kAeth, kAtomicEth, kAtomicAckEth, kDeth, kImmDt, kIeth, kRethOrAtomicEth,
+};
+
+// One rewritable field: the ONE table the parser (names), the applier (where the bits are)
+// and the printer (fault_field_name) use. Layouts as in wire/hdr.h (IBA 9.2 BTH, 9.3 ETHs).
+// A field is `mask` within the big-endian word of `width` bytes at `offset` in its header;
+// a rewrite also clears `clear` (reserved bits that wire/hdr.h's setter zeroes).
+struct FaultFieldInfo {
+  FaultField field;
+  const char* name;    // canonical spelling
+  const char* alias;   // the other accepted spelling, or nullptr
+  FieldHeader header;
+  uint8_t offset;
+  uint8_t width;       // 1..8
+  uint64_t mask;
+  uint64_t clear = 0;
+};
+
+inline constexpr FaultFieldInfo kFaultFields[] = {
+    // field                     name             alias       header                         off w  mask
+    {FaultField::kOpcode,        "bth.opcode",    "opcode",   FieldHeader::kBth,              0, 1, 0xff},
+    {FaultField::kSe,            "bth.se",        "se",       FieldHeader::kBth,              1, 1, 0x80},
+    {FaultField::kMig,           "bth.mig",       "mig",      FieldHeader::kBth,              1, 1, 0x40},
+    {FaultField::kPad,           "bth.pad",       "pad",      FieldHeader::kBth,              1, 1, 0x30},
+    {FaultField::kTver,          "bth.tver",      "tver",     FieldHeader::kBth,              1, 1, 0x0f},
+    {FaultField::kPkey,          "bth.pkey",      "pkey",     FieldHeader::kBth,              2, 2, 0xffff},
+    {FaultField::kFecn,          "bth.fecn",      "fecn",     FieldHeader::kBth,              4, 1, 0x80},
+    {FaultField::kBecn,          "bth.becn",      "becn",     FieldHeader::kBth,              4, 1, 0x40},
+    {FaultField::kQpn,           "bth.qpn",       "qpn",      FieldHeader::kBth,              5, 3, 0xffffff},
+    {FaultField::kAckReq,        "bth.ackreq",    "ackreq",   FieldHeader::kBth,              8, 1, 0x80},
+    {FaultField::kPsn,           "bth.psn",       "psn",      FieldHeader::kBth,              9, 3, 0xffffff},
+    {FaultField::kRethVa,        "reth.va",       nullptr,    FieldHeader::kReth,             0, 8, ~0ull},
+    {FaultField::kRethRkey,      "reth.rkey",     nullptr,    FieldHeader::kReth,             8, 4, 0xffffffff},
+    {FaultField::kRethLen,       "reth.len",      "dma_len",  FieldHeader::kReth,            12, 4, 0xffffffff},
+    {FaultField::kAethSyndrome,  "aeth.syndrome", "syndrome", FieldHeader::kAeth,             0, 1, 0xff},
+    {FaultField::kAethMsn,       "aeth.msn",      "msn",      FieldHeader::kAeth,             1, 3, 0xffffff},
+    {FaultField::kAtomicVa,      "atomic.va",     nullptr,    FieldHeader::kAtomicEth,        0, 8, ~0ull},
+    {FaultField::kAtomicRkey,    "atomic.rkey",   nullptr,    FieldHeader::kAtomicEth,        8, 4, 0xffffffff},
+    {FaultField::kAtomicSwap,    "atomic.swap",   nullptr,    FieldHeader::kAtomicEth,       12, 8, ~0ull},
+    {FaultField::kAtomicCompare, "atomic.compare", nullptr,   FieldHeader::kAtomicEth,       20, 8, ~0ull},
+    {FaultField::kAtomicAckOrig, "atomicack.orig", "orig",    FieldHeader::kAtomicAckEth,     0, 8, ~0ull},
+    {FaultField::kDethQkey,      "deth.qkey",     "qkey",     FieldHeader::kDeth,             0, 4, 0xffffffff},
+    // SrcQP with the reserved byte before it, which a rewrite zeroes (as Deth::set_src_qp).
+    {FaultField::kDethSrcQp,     "deth.srcqp",    "src_qp",   FieldHeader::kDeth,             4, 4, 0x00ffffff, 0xff000000},
+    {FaultField::kImm,           "imm",           "immdt.imm", FieldHeader::kImmDt,           0, 4, 0xffffffff},
+    {FaultField::kIethRkey,      "ieth.rkey",     "inv_rkey", FieldHeader::kIeth,             0, 4, 0xffffffff},
+    {FaultField::kRkey,          "rkey",          nullptr,    FieldHeader::kRethOrAtomicEth,  8, 4, 0xffffffff},
+    {FaultField::kVa,            "va",            nullptr,    FieldHeader::kRethOrAtomicEth,  0, 8, ~0ull},
+};
+
+// kFaultFields[f]; fault_field_name(f) is its canonical name.
+const FaultFieldInfo& fault_field_info(FaultField f);
 const char* fault_field_name(FaultField f);
+// "BTH", "RETH", "AETH", "AtomicETH", "AtomicAckETH", "DETH", "ImmDt", "IETH", "RETH|AtomicETH".
+const char* fault_field_header_name(FieldHeader h);
+// The field whose name or alias is `name` (case as written in the table), or nullptr.
+const FaultFieldInfo* find_fault_field(std::string_view name);
 
 enum class RewriteOp : uint8_t { kSet, kAdd, kSub, kXor, kRandom };
 

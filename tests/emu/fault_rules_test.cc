@@ -1,8 +1,13 @@
 // Tests for the fault-rule parser (emu/fault/fault_rules.h): good rules parse into the expected
-// fields; each malformed rule yields an error naming the rule text and the column.
+// fields; each malformed rule yields an error naming the rule text and the column; the field
+// lists in fault_rules.h's grammar and in the README equal the kFaultFields table.
 #include "emu/fault/fault_rules.h"
 
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "wire/hdr.h"
 #include "wire/opcode.h"
@@ -216,6 +221,98 @@ TEST(FaultRulesTest, DupWithDelay) {
   EXPECT_EQ(parse_err("=> dup, delay(5)"),
             "fault rule \"=> dup, delay(5)\": column 9: dup and delay cannot be combined (the "
             "port applies one verdict)");
+}
+
+// ---- The rewritable-field table and the lists written for humans -----------------------
+
+std::string slurp(const std::string& rel) {
+  std::ifstream in(std::string(SOFTRNIC_SOURCE_ROOT) + "/" + rel);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+using FieldRow = std::tuple<std::string, std::string, std::string>;  // header, name, alias
+
+std::vector<FieldRow> table_rows(bool with_alias) {
+  std::vector<FieldRow> v;
+  for (const FaultFieldInfo& f : kFaultFields)
+    v.emplace_back(fault_field_header_name(f.header), f.name,
+                   with_alias && f.alias != nullptr ? f.alias : "");
+  return v;
+}
+
+std::vector<std::string> words(std::string_view s) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(s)};
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+TEST(FaultFieldTable, EveryNameAndAliasParsesToItsRow) {
+  for (const FaultFieldInfo& f : kFaultFields) {
+    EXPECT_STREQ(fault_field_name(f.field), f.name);
+    EXPECT_EQ(&fault_field_info(f.field), &f);
+    EXPECT_GE(f.width, 1u);
+    EXPECT_LE(f.width, 8u);
+    EXPECT_NE(f.mask, 0u);
+    if (f.width < 8) {
+      EXPECT_EQ(f.mask >> (8 * f.width), 0u) << f.name;  // the mask fits its word
+    }
+    EXPECT_EQ(f.mask & f.clear, 0u) << f.name;
+    for (const char* n : {f.name, f.alias}) {
+      if (n == nullptr) continue;
+      FaultRule r = parse_ok(std::string("=> rewrite(") + n + "=1)");
+      ASSERT_EQ(r.actions.size(), 1u);
+      EXPECT_EQ(r.actions[0].field, f.field) << n;
+      EXPECT_EQ(find_fault_field(n), &f);
+    }
+  }
+  EXPECT_EQ(find_fault_field("bth.nothing"), nullptr);
+}
+
+// fault_rules.h's grammar comment lists FIELD as "HEADER: NAME [ALIAS] ..." lines.
+TEST(FaultFieldTable, GrammarCommentListsExactlyTheTable) {
+  std::string h = slurp("emu/fault/fault_rules.h");
+  ASSERT_FALSE(h.empty()) << "cannot read emu/fault/fault_rules.h";
+  size_t from = h.find("this list equals it):");
+  size_t to = h.find("(RETH's if the packet has one", from);
+  ASSERT_NE(from, std::string::npos);
+  ASSERT_NE(to, std::string::npos);
+  from = h.find('\n', from) + 1;
+  std::vector<FieldRow> doc;
+  std::string header;
+  std::istringstream lines(h.substr(from, to - from));
+  for (std::string line; std::getline(lines, line);) {
+    ASSERT_EQ(line.rfind("//", 0), 0u) << line;
+    for (const std::string& w : words(std::string_view(line).substr(2))) {
+      if (w.back() == ':') header = w.substr(0, w.size() - 1);
+      else if (w.front() == '[' && w.back() == ']' && !doc.empty()) std::get<2>(doc.back()) = w.substr(1, w.size() - 2);
+      else doc.emplace_back(header, w, "");
+    }
+  }
+  EXPECT_EQ(doc, table_rows(true));
+}
+
+// The README's "Fault rules" paragraph lists FIELD as "HEADER `name` ...;" groups.
+TEST(FaultFieldTable, ReadmeListsExactlyTheTable) {
+  std::string md = slurp("README.md");
+  ASSERT_FALSE(md.empty()) << "cannot read README.md";
+  size_t from = md.find("checks this list against it):");
+  size_t to = md.find("(the RETH's if the packet has one)", from);
+  ASSERT_NE(from, std::string::npos);
+  ASSERT_NE(to, std::string::npos);
+  from = md.find('\n', from) + 1;
+  std::vector<FieldRow> doc;
+  std::string text = md.substr(from, to - from);
+  for (char& c : text)
+    if (c == ';') c = ' ';
+  std::string header;
+  for (const std::string& w : words(text)) {
+    if (w.size() > 2 && w.front() == '`' && w.back() == '`') doc.emplace_back(header, w.substr(1, w.size() - 2), "");
+    else header = w;
+  }
+  EXPECT_EQ(doc, table_rows(false));
 }
 
 TEST(FaultRulesTest, UnknownField) {

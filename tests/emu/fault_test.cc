@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstdio>
 #include <thread>
 
@@ -293,6 +294,121 @@ TEST_F(FaultEngineTest, RewriteBthFieldsAndAtomicRkeyAlias) {
   EXPECT_TRUE(icrc_ok(fa));
 }
 
+// Test oracle for every rewritable field, through wire/hdr.h's accessors (independent of the
+// offsets in kFaultFields). h: first byte of the BTH; info: the packet's opcode row.
+uint64_t read_field(const uint8_t* h, const wire::OpcodeInfo& info, FaultField f) {
+  using wire::ConstBth;
+  auto at = [&](wire::HdrType t) { return h + info.offset[t]; };
+  const bool reth = info.mask & wire::kRethMask;
+  switch (f) {
+    case FaultField::kOpcode: return ConstBth(h).opcode();
+    case FaultField::kSe: return ConstBth(h).se();
+    case FaultField::kMig: return ConstBth(h).mig();
+    case FaultField::kPad: return ConstBth(h).pad_cnt();
+    case FaultField::kTver: return ConstBth(h).tver();
+    case FaultField::kPkey: return ConstBth(h).pkey();
+    case FaultField::kFecn: return ConstBth(h).fecn();
+    case FaultField::kBecn: return ConstBth(h).becn();
+    case FaultField::kQpn: return ConstBth(h).dest_qp();
+    case FaultField::kAckReq: return ConstBth(h).ack_req();
+    case FaultField::kPsn: return ConstBth(h).psn();
+    case FaultField::kRethVa: return wire::ConstReth(at(wire::kHdrReth)).va();
+    case FaultField::kRethRkey: return wire::ConstReth(at(wire::kHdrReth)).rkey();
+    case FaultField::kRethLen: return wire::ConstReth(at(wire::kHdrReth)).dma_len();
+    case FaultField::kAethSyndrome: return wire::ConstAeth(at(wire::kHdrAeth)).syndrome();
+    case FaultField::kAethMsn: return wire::ConstAeth(at(wire::kHdrAeth)).msn();
+    case FaultField::kAtomicVa: return wire::ConstAtomicEth(at(wire::kHdrAtmEth)).va();
+    case FaultField::kAtomicRkey: return wire::ConstAtomicEth(at(wire::kHdrAtmEth)).rkey();
+    case FaultField::kAtomicSwap: return wire::ConstAtomicEth(at(wire::kHdrAtmEth)).swap_add();
+    case FaultField::kAtomicCompare: return wire::ConstAtomicEth(at(wire::kHdrAtmEth)).compare();
+    case FaultField::kAtomicAckOrig: return wire::ConstAtomicAckEth(at(wire::kHdrAtmAck)).orig();
+    case FaultField::kDethQkey: return wire::ConstDeth(at(wire::kHdrDeth)).qkey();
+    case FaultField::kDethSrcQp: return wire::ConstDeth(at(wire::kHdrDeth)).src_qp();
+    case FaultField::kImm: return wire::ConstImmDt(at(wire::kHdrImmDt)).imm();
+    case FaultField::kIethRkey: return wire::ConstIeth(at(wire::kHdrIeth)).inv_rkey();
+    case FaultField::kRkey:
+      return reth ? wire::ConstReth(at(wire::kHdrReth)).rkey()
+                  : wire::ConstAtomicEth(at(wire::kHdrAtmEth)).rkey();
+    case FaultField::kVa:
+      return reth ? wire::ConstReth(at(wire::kHdrReth)).va()
+                  : wire::ConstAtomicEth(at(wire::kHdrAtmEth)).va();
+  }
+  return 0;
+}
+
+// Every row of kFaultFields, by its name and by its alias: rewrite(F ^= all ones) flips
+// exactly the field's bits as wire/hdr.h reads them, changes no byte outside the field's word
+// (and the ICRC, which it fixes), and leaves every other field alone.
+TEST_F(FaultEngineTest, EveryTableFieldRewritesExactlyItsBits) {
+  auto opcodes_for = [](FieldHeader h) -> std::vector<uint8_t> {
+    switch (h) {
+      case FieldHeader::kBth: return {wire::op::kRcSendOnly};
+      case FieldHeader::kReth: return {wire::op::kRcRdmaWriteOnly};
+      case FieldHeader::kAeth: return {wire::op::kRcAcknowledge};
+      case FieldHeader::kAtomicEth: return {wire::op::kRcCompareSwap};
+      case FieldHeader::kAtomicAckEth: return {wire::op::kRcAtomicAcknowledge};
+      case FieldHeader::kDeth: return {wire::op::kUdSendOnly};
+      case FieldHeader::kImmDt: return {wire::op::kRcSendOnlyWithImm};
+      case FieldHeader::kIeth: return {wire::op::kRcSendOnlyWithInv};
+      case FieldHeader::kRethOrAtomicEth: return {wire::op::kRcRdmaWriteOnly, wire::op::kRcCompareSwap};
+    }
+    return {};
+  };
+  for (const FaultFieldInfo& fi : kFaultFields) {
+    const uint64_t ones = fi.mask >> std::countr_zero(fi.mask);
+    for (const char* name : {fi.name, fi.alias}) {
+      if (name == nullptr) continue;
+      for (uint8_t op : opcodes_for(fi.header)) {
+        SCOPED_TRACE(std::string(name) + " on " + wire::opcode_info(op).name);
+        const wire::OpcodeInfo& info = wire::opcode_info(op);
+        size_t payload = (info.mask & wire::kPayloadMask) ? 8 : 0;
+        Pkt p = build(op, 0x11, 5, payload);
+        p.b[wire::kBthBytes - 4] |= 0x7f;  // BTH reserved bits the table must preserve
+        const std::vector<uint8_t> before = p.b;
+        auto e = make(std::string("=> rewrite(") + name + " ^= " + std::to_string(ones) + ")");
+        EXPECT_EQ(run(*e, p), Verdict::kPass);
+        ASSERT_EQ(e->counters().rewritten, 1u);
+        EXPECT_TRUE(icrc_ok(p));
+        // Which header a row reads in this packet (kRethOrAtomicEth resolved), or none.
+        auto resolved = [&](const FaultFieldInfo& r) -> std::optional<FieldHeader> {
+          static constexpr uint32_t kBit[] = {wire::kBthMask,    wire::kRethMask, wire::kAethMask,
+                                              wire::kAtmEthMask, wire::kAtmAckMask, wire::kDethMask,
+                                              wire::kImmMask,    wire::kIethMask};
+          if (r.header == FieldHeader::kRethOrAtomicEth) {
+            if (info.mask & wire::kRethMask) return FieldHeader::kReth;
+            if (info.mask & wire::kAtmEthMask) return FieldHeader::kAtomicEth;
+            return std::nullopt;
+          }
+          if (!(info.mask & kBit[size_t(r.header)])) return std::nullopt;
+          return r.header;
+        };
+        const std::optional<FieldHeader> mine = resolved(fi);
+        ASSERT_TRUE(mine.has_value());
+        size_t word_lo = 0;  // the field's word, from the BTH start
+        for (const FaultFieldInfo& other : kFaultFields) {
+          std::optional<FieldHeader> h = resolved(other);
+          if (!h) continue;
+          uint64_t was = read_field(before.data(), info, other.field);
+          uint64_t now = read_field(p.b.data(), info, other.field);
+          if (other.field == fi.field || (*h == *mine && other.offset == fi.offset && other.mask == fi.mask))
+            EXPECT_EQ(now, was ^ ones) << other.name;  // the field, or the row it aliases
+          else
+            EXPECT_EQ(now, was) << other.name;
+        }
+        static constexpr wire::HdrType kHdr[] = {wire::kHdrBth,    wire::kHdrReth,   wire::kHdrAeth,
+                                                 wire::kHdrAtmEth, wire::kHdrAtmAck, wire::kHdrDeth,
+                                                 wire::kHdrImmDt,  wire::kHdrIeth};
+        word_lo = (*mine == FieldHeader::kBth ? 0 : info.offset[kHdr[size_t(*mine)]]) + fi.offset;
+        // Bytes: only the field's word and the ICRC trailer may differ.
+        for (size_t i = 0; i + wire::kIcrcBytes < p.b.size(); ++i) {
+          if (i >= word_lo && i < word_lo + fi.width) continue;
+          EXPECT_EQ(p.b[i], before[i]) << "byte " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(FaultEngineTest, RewriteSkipsPacketsWithoutTheHeader) {
   auto e = make("=> rewrite(rkey+=1)");
   Pkt s = build(wire::op::kRcSendOnly, 0x11, 1);
@@ -558,31 +674,37 @@ TEST_F(FaultEngineTest, AddListRemoveClear) {
   EXPECT_EQ(run(e, p), Verdict::kPass);
 }
 
-TEST_F(FaultEngineTest, ControlCommands) {
+// What the control socket (emu/services/control.cc: fault add|list|clear) and `softrnic stats`
+// rely on, through the engine's own API: ids of added rules, all-or-nothing errors naming the
+// origin, list/counter texts, remove, re-seed and clear.
+TEST_F(FaultEngineTest, RuntimeControlThroughTheApi) {
   FaultEngine e;
-  std::string r;
-  EXPECT_TRUE(e.command("add rule a op=RDMA_WRITE_ONLY => drop; class=ack => dup", &r));
-  EXPECT_EQ(r, "added 2 rule(s): 1 2");
-  EXPECT_FALSE(e.command("add dir=up => drop", &r));
-  EXPECT_EQ(r, "add: rule 1: fault rule \"dir=up => drop\": column 5: bad direction \"up\" (tx, rx or any)");
+  std::vector<uint32_t> ids;
+  EXPECT_EQ(e.add_rules("rule a op=RDMA_WRITE_ONLY => drop; class=ack => dup", "add", &ids), "");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{1, 2}));
+  ids.clear();
+  EXPECT_EQ(e.add_rules("dir=up => drop", "add", &ids),
+            "add: rule 1: fault rule \"dir=up => drop\": column 5: bad direction \"up\" (tx, rx or any)");
+  EXPECT_TRUE(ids.empty());
   Pkt p = write_only(1);
   EXPECT_EQ(run(e, p), Verdict::kDrop);
-  EXPECT_TRUE(e.command("list", &r));
-  EXPECT_EQ(r, "1 matched=1 fired=1 rule a op=RDMA_WRITE_ONLY => drop\n2 matched=0 fired=0 class=ack => dup\n");
-  EXPECT_TRUE(e.command("stats", &r));
-  EXPECT_NE(r.find("fault_packets 1\n"), std::string::npos);
-  EXPECT_NE(r.find("fault_dropped 1\n"), std::string::npos);
-  EXPECT_TRUE(e.command("remove 2", &r));
-  EXPECT_EQ(r, "removed 2");
-  EXPECT_FALSE(e.command("remove 2", &r));
-  EXPECT_EQ(r, "remove: no rule 2");
-  EXPECT_TRUE(e.command("seed 9", &r));
-  EXPECT_EQ(r, "seed 9");
-  EXPECT_TRUE(e.command("clear\n", &r));
-  EXPECT_EQ(r, "cleared 1 rule(s)");
+  EXPECT_EQ(e.list_text(),
+            "1 matched=1 fired=1 rule a op=RDMA_WRITE_ONLY => drop\n2 matched=0 fired=0 class=ack => dup\n");
+  std::string stats = e.counters_text();
+  EXPECT_NE(stats.find("fault_packets 1\n"), std::string::npos);
+  EXPECT_NE(stats.find("fault_dropped 1\n"), std::string::npos);
+  EXPECT_TRUE(e.remove_rule(2));
+  EXPECT_FALSE(e.remove_rule(2));
+  e.set_seed(9);
+  EXPECT_EQ(e.seed(), 9u);
+  EXPECT_EQ(e.counters().dropped, 0u);  // re-seeding resets the counters for a replay
+  EXPECT_EQ(e.list().size(), 1u);
+  e.clear();
+  EXPECT_TRUE(e.list().empty());
   EXPECT_EQ(run(e, p), Verdict::kPass);
-  EXPECT_FALSE(e.command("frobnicate", &r));
-  EXPECT_EQ(r, "unknown fault command \"frobnicate\" (add <rules> | list | remove <id> | clear | seed [<n>] | stats | trace)");
+  // A plan's seed statement re-seeds as set_seed does.
+  EXPECT_EQ(e.add_rules("seed=0x2a; => drop"), "");
+  EXPECT_EQ(e.seed(), 42u);
 }
 
 TEST_F(FaultEngineTest, ConcurrentPacketsAndControl) {

@@ -273,8 +273,7 @@ TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
   ASSERT_EQ(FaultEngine::from_values(nullptr, nullptr, nullptr, path, &fe), "");
   ASSERT_NE(fe, nullptr);
   EXPECT_TRUE(fe->list().empty());
-  std::string reply;
-  ASSERT_TRUE(fe->command("add dir=tx class=write => drop", &reply)) << reply;
+  ASSERT_EQ(fe->add_rules("dir=tx class=write => drop", "add"), "");
 
   wire::MemNetwork net;
   Node c = Node::on_mem(net, "127.0.0.2");
