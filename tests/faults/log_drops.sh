@@ -15,8 +15,11 @@ port=${FAULTS_PORT:-19850}
 bw=(ib_write_bw -d softrnic0 -x 0 -F -s 1024 -n 400)
 echo "client plan: $plan"
 
-# The server with stdout and stderr kept apart (lib.sh's start_server merges them).
-SOFTRNIC_LOG=debug timeout -k 3 40 "$launch" -- "${bw[@]}" -p "$port" \
+# The server with stdout and stderr kept apart (lib.sh's start_server merges them), launched
+# as lib.sh launches (tests/shim/launch.sh where lib.sh names it, else scripts/softrnic run).
+run_prog=("$launcher" run)
+[ -n "${launch:-}" ] && run_prog=("$launch")
+SOFTRNIC_LOG=debug timeout -k 3 40 "${run_prog[@]}" -- "${bw[@]}" -p "$port" \
   >"$work/srv.stdout" 2>"$work/srv.stderr" &
 spid=$!
 bg_pids+=("$spid")
