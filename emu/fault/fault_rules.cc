@@ -148,6 +148,44 @@ class RuleParser {
   }
   std::string parse_match(Piece key, Piece val);
   std::string parse_action(Piece a, FaultAction* act);
+
+  // Match keys: the lowercased key, its value.
+  using KeyFn = std::string (RuleParser::*)(const std::string& k, Piece val);
+  struct MatchKey {
+    const char* names[4];
+    KeyFn parse;
+  };
+  static const MatchKey kMatchKeys[];
+  std::string parse_key_name(const std::string& k, Piece val);
+  std::string parse_key_dir(const std::string& k, Piece val);
+  std::string parse_key_qpn(const std::string& k, Piece val);
+  std::string parse_key_op(const std::string& k, Piece val);
+  std::string parse_key_class(const std::string& k, Piece val);
+  std::string parse_key_psn(const std::string& k, Piece val);
+  std::string parse_key_counter(const std::string& k, Piece val);
+  std::string parse_key_count(const std::string& k, Piece val);
+  std::string parse_key_prob(const std::string& k, Piece val);
+  std::string parse_key_endpoint(const std::string& k, Piece val);
+
+  // Actions: the lowercased word, the arguments (count checked against the table).
+  using ActFn = std::string (RuleParser::*)(const std::string& w, const std::vector<Piece>& args,
+                                            FaultAction* act);
+  struct ActionSyntax {
+    const char* words[3];
+    FaultActionKind kind;
+    size_t min_args, max_args;
+    ActFn parse;
+  };
+  static const ActionSyntax kActionSyntax[];
+  std::string parse_act_drop(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_dup(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_delay(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_reorder(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_corrupt(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_rewrite(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_truncate(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_nak(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
+  std::string parse_act_blackhole(const std::string& w, const std::vector<Piece>& args, FaultAction* act);
   std::string parse_range(Piece v, U64Range* r, bool allow_open);
   std::string parse_time(Piece v, uint64_t* us, bool allow_inf);
   std::string parse_opcodes(Piece v, std::array<uint64_t, 4>* set);
@@ -343,111 +381,130 @@ std::string RuleParser::parse_endpoint(Piece v, EndpointMatch* m) {
   return "";
 }
 
+// ---- Match keys: one parse_key_* per key, found through kMatchKeys ------------------------
+
+std::string RuleParser::parse_key_name(const std::string&, Piece val) {
+  r_->name = std::string(val.s);
+  return "";
+}
+
+std::string RuleParser::parse_key_dir(const std::string&, Piece val) {
+  std::string v = lower(val.s);
+  if (v == "tx") r_->dirs = 1;
+  else if (v == "rx") r_->dirs = 2;
+  else if (v == "any") r_->dirs = 3;
+  else return fail(val.off, "bad direction \"" + std::string(val.s) + "\" (tx, rx or any)");
+  return "";
+}
+
+std::string RuleParser::parse_key_qpn(const std::string&, Piece val) {
+  U64Range q;
+  if (auto e = parse_range(val, &q, false); !e.empty()) return e;
+  if (q.hi > 0xffffff) return fail(val.off, "QPN is 24 bits (max 0xffffff)");
+  r_->qpn = q;
+  return "";
+}
+
+std::string RuleParser::parse_key_op(const std::string&, Piece val) {
+  std::array<uint64_t, 4> set;
+  if (auto e = parse_opcodes(val, &set); !e.empty()) return e;
+  for (int i = 0; i < 4; ++i) r_->opcodes[i] &= set[i];
+  return "";
+}
+
+std::string RuleParser::parse_key_class(const std::string&, Piece val) {
+  std::array<uint64_t, 4> set;
+  uint8_t aeth = 0;
+  if (auto e = parse_classes(val, &set, &aeth); !e.empty()) return e;
+  for (int i = 0; i < 4; ++i) r_->opcodes[i] &= set[i];
+  r_->aeth_types &= aeth;
+  return "";
+}
+
+// psn=N | N..M (absolute) or +K | +K..+M (relative; the second '+' optional).
+std::string RuleParser::parse_key_psn(const std::string&, Piece val) {
+  std::string_view s = val.s;
+  const bool rel = s[0] == '+';
+  U64Range q;
+  if (rel) {
+    std::string tmp(s.substr(1));
+    size_t dots = tmp.find("..");
+    if (dots != std::string::npos && dots + 2 < tmp.size() && tmp[dots + 2] == '+')
+      tmp.erase(dots + 2, 1);
+    if (!parse_range(Piece{tmp, val.off + 1}, &q, false).empty())
+      return fail(val.off, "bad relative PSN \"" + std::string(s) + "\"");
+  } else if (auto e = parse_range(val, &q, false); !e.empty()) {
+    return e;
+  }
+  if (q.hi > 0xffffff) return fail(val.off, "PSN is 24 bits (max 0xffffff)");
+  r_->psn = q;
+  if (rel) r_->psn_relative = true;
+  return "";
+}
+
+// nth= pkt= iter= len=: ranges, open ends allowed; the counters start at 1.
+std::string RuleParser::parse_key_counter(const std::string& k, Piece val) {
+  U64Range q;
+  if (auto e = parse_range(val, &q, true); !e.empty()) return e;
+  if (k != "len" && q.lo == 0) return fail(val.off, k + " counts from 1");
+  (k == "nth" ? r_->nth : k == "pkt" ? r_->pkt : k == "iter" ? r_->iter : r_->len) = q;
+  return "";
+}
+
+// every= and max=: a positive count.
+std::string RuleParser::parse_key_count(const std::string& k, Piece val) {
+  uint64_t n = 0;
+  if (!parse_fault_u64(val.s, &n) || n == 0)
+    return fail(val.off, k + "= needs a positive number, got \"" + std::string(val.s) + "\"");
+  (k == "every" ? r_->every : r_->max_fires) = n;
+  return "";
+}
+
+std::string RuleParser::parse_key_prob(const std::string&, Piece val) {
+  std::string_view s = val.s;
+  bool pct = s.back() == '%';
+  if (pct) s.remove_suffix(1);
+  double d = -1;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+  if (ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(d))
+    return fail(val.off, "bad probability \"" + std::string(val.s) + "\"");
+  if (pct) d /= 100.0;
+  if (d < 0.0 || d > 1.0)
+    return fail(val.off, "probability must be within 0..1 (or 0%..100%), got \"" +
+                             std::string(val.s) + "\"");
+  r_->prob = d;
+  r_->use_prob = d < 1.0;
+  // threshold = d * 2^64, computed without overflow (d < 1 here).
+  r_->prob_threshold = r_->use_prob ? uint64_t(std::ldexp(d, 64)) : UINT64_MAX;
+  return "";
+}
+
+std::string RuleParser::parse_key_endpoint(const std::string& k, Piece val) {
+  EndpointMatch m;
+  if (auto e = parse_endpoint(val, &m); !e.empty()) return e;
+  (k == "src" ? r_->src : r_->dst) = m;
+  return "";
+}
+
+const RuleParser::MatchKey RuleParser::kMatchKeys[] = {
+    {{"name"}, &RuleParser::parse_key_name},
+    {{"dir"}, &RuleParser::parse_key_dir},
+    {{"qpn", "qp"}, &RuleParser::parse_key_qpn},
+    {{"op", "opcode"}, &RuleParser::parse_key_op},
+    {{"class"}, &RuleParser::parse_key_class},
+    {{"psn"}, &RuleParser::parse_key_psn},
+    {{"nth", "pkt", "iter", "len"}, &RuleParser::parse_key_counter},
+    {{"every", "max"}, &RuleParser::parse_key_count},
+    {{"p", "prob"}, &RuleParser::parse_key_prob},
+    {{"src", "dst"}, &RuleParser::parse_key_endpoint},
+};
+
 std::string RuleParser::parse_match(Piece key, Piece val) {
   std::string k = lower(key.s);
   if (val.s.empty()) return fail(val.off, "missing value after \"" + k + "=\"");
-  FaultRule& r = *r_;
-  if (k == "name") {
-    r.name = std::string(val.s);
-    return "";
-  }
-  if (k == "dir") {
-    std::string v = lower(val.s);
-    if (v == "tx") r.dirs = 1;
-    else if (v == "rx") r.dirs = 2;
-    else if (v == "any") r.dirs = 3;
-    else return fail(val.off, "bad direction \"" + std::string(val.s) + "\" (tx, rx or any)");
-    return "";
-  }
-  if (k == "qpn" || k == "qp") {
-    U64Range q;
-    if (auto e = parse_range(val, &q, false); !e.empty()) return e;
-    if (q.hi > 0xffffff) return fail(val.off, "QPN is 24 bits (max 0xffffff)");
-    r.qpn = q;
-    return "";
-  }
-  if (k == "op" || k == "opcode") {
-    std::array<uint64_t, 4> set;
-    if (auto e = parse_opcodes(val, &set); !e.empty()) return e;
-    for (int i = 0; i < 4; ++i) r.opcodes[i] &= set[i];
-    return "";
-  }
-  if (k == "class") {
-    std::array<uint64_t, 4> set;
-    uint8_t aeth = 0;
-    if (auto e = parse_classes(val, &set, &aeth); !e.empty()) return e;
-    for (int i = 0; i < 4; ++i) r.opcodes[i] &= set[i];
-    r.aeth_types &= aeth;
-    return "";
-  }
-  if (k == "psn") {
-    std::string_view s = val.s;
-    bool rel = s[0] == '+';
-    if (rel) {
-      // "+K" or "+K..+M" (the second '+' optional).
-      std::string tmp(s.substr(1));
-      size_t dots = tmp.find("..");
-      if (dots != std::string::npos && dots + 2 < tmp.size() && tmp[dots + 2] == '+')
-        tmp.erase(dots + 2, 1);
-      U64Range q;
-      std::string e = parse_range(Piece{tmp, val.off + 1}, &q, false);
-      if (!e.empty()) return fail(val.off, "bad relative PSN \"" + std::string(s) + "\"");
-      if (q.hi > 0xffffff) return fail(val.off, "PSN is 24 bits (max 0xffffff)");
-      r.psn = q;
-      r.psn_relative = true;
-      return "";
-    }
-    U64Range q;
-    if (auto e = parse_range(val, &q, false); !e.empty()) return e;
-    if (q.hi > 0xffffff) return fail(val.off, "PSN is 24 bits (max 0xffffff)");
-    r.psn = q;
-    return "";
-  }
-  if (k == "nth" || k == "pkt" || k == "iter" || k == "len") {
-    U64Range q;
-    if (auto e = parse_range(val, &q, true); !e.empty()) return e;
-    if (k != "len" && q.lo == 0) return fail(val.off, k + " counts from 1");
-    (k == "nth" ? r.nth : k == "pkt" ? r.pkt : k == "iter" ? r.iter : r.len) = q;
-    return "";
-  }
-  if (k == "every") {
-    uint64_t n = 0;
-    if (!parse_fault_u64(val.s, &n) || n == 0)
-      return fail(val.off, "every= needs a positive number, got \"" + std::string(val.s) + "\"");
-    r.every = n;
-    return "";
-  }
-  if (k == "p" || k == "prob") {
-    std::string_view s = val.s;
-    bool pct = s.back() == '%';
-    if (pct) s.remove_suffix(1);
-    double d = -1;
-    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
-    if (ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(d))
-      return fail(val.off, "bad probability \"" + std::string(val.s) + "\"");
-    if (pct) d /= 100.0;
-    if (d < 0.0 || d > 1.0)
-      return fail(val.off, "probability must be within 0..1 (or 0%..100%), got \"" +
-                               std::string(val.s) + "\"");
-    r.prob = d;
-    r.use_prob = d < 1.0;
-    // threshold = d * 2^64, computed without overflow (d < 1 here).
-    r.prob_threshold = r.use_prob ? uint64_t(std::ldexp(d, 64)) : UINT64_MAX;
-    return "";
-  }
-  if (k == "src" || k == "dst") {
-    EndpointMatch m;
-    if (auto e = parse_endpoint(val, &m); !e.empty()) return e;
-    (k == "src" ? r.src : r.dst) = m;
-    return "";
-  }
-  if (k == "max") {
-    uint64_t n = 0;
-    if (!parse_fault_u64(val.s, &n) || n == 0)
-      return fail(val.off, "max= needs a positive number, got \"" + std::string(val.s) + "\"");
-    r.max_fires = n;
-    return "";
-  }
+  for (const MatchKey& m : kMatchKeys)
+    for (const char* name : m.names)
+      if (name != nullptr && k == name) return (this->*m.parse)(k, val);
   return fail(key.off, "unknown match key \"" + std::string(key.s) +
                            "\" (name dir qpn op class psn nth every pkt iter p len src dst max once)");
 }
@@ -468,11 +525,183 @@ std::string RuleParser::require_for_field(FaultField f) {
   return "";
 }
 
+// ---- Actions: one parse_act_* per action, found through kActionSyntax -----------------------
+// Each gets the action's lowercased word and its arguments (count already checked).
+
+std::string RuleParser::parse_act_drop(const std::string&, const std::vector<Piece>&, FaultAction*) {
+  return "";
+}
+
+std::string RuleParser::parse_act_dup(const std::string&, const std::vector<Piece>& args, FaultAction* act) {
+  if (args.empty()) return "";
+  uint64_t n = 0;
+  if (!parse_fault_u64(args[0].s, &n) || n == 0 || n > 255) return fail(args[0].off, "dup count must be 1..255");
+  act->count = uint32_t(n);
+  return "";
+}
+
+std::string RuleParser::parse_act_delay(const std::string&, const std::vector<Piece>& args, FaultAction* act) {
+  if (auto e = parse_time(args[0], &act->time_us, false); !e.empty()) return e;
+  if (act->time_us == 0 || act->time_us > UINT32_MAX) return fail(args[0].off, "delay must be 1us..4294s");
+  return "";
+}
+
+// reorder[(K[, max=T])]: default max hold 1 ms.
+std::string RuleParser::parse_act_reorder(const std::string&, const std::vector<Piece>& args,
+                                          FaultAction* act) {
+  act->time_us = 1000;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view s = args[i].s;
+    if (lower(s.substr(0, 4)) == "max=") {
+      if (auto e = parse_time(Piece{s.substr(4), args[i].off + 4}, &act->time_us, true); !e.empty()) return e;
+    } else if (i == 0) {
+      uint64_t n = 0;
+      if (!parse_fault_u64(s, &n) || n == 0 || n > 1000000)
+        return fail(args[i].off, "reorder count must be 1..1000000");
+      act->count = uint32_t(n);
+    } else {
+      return fail(args[i].off, "unknown reorder argument \"" + std::string(s) + "\" (K, max=T)");
+    }
+  }
+  return "";
+}
+
+// corrupt(payload|icrc|hdr [, bits=N] [, off=O] [, fix|nofix]).
+std::string RuleParser::parse_act_corrupt(const std::string&, const std::vector<Piece>& args,
+                                          FaultAction* act) {
+  std::string t = lower(args[0].s);
+  if (t == "payload") act->target = CorruptTarget::kPayload, r_->require_payload = true;
+  else if (t == "icrc") act->target = CorruptTarget::kIcrc;
+  else if (t == "hdr" || t == "header") act->target = CorruptTarget::kHeader;
+  else return fail(args[0].off, "corrupt target must be payload, icrc or hdr");
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string s = lower(args[i].s);
+    uint64_t n = 0;
+    if (s == "fix") {
+      if (act->target == CorruptTarget::kIcrc) return fail(args[i].off, "corrupt(icrc, fix) makes no sense");
+      act->fix_icrc = true;
+    } else if (s == "nofix") {
+      act->fix_icrc = false;
+    } else if (s.rfind("bits=", 0) == 0) {
+      if (!parse_fault_u64(std::string_view(s).substr(5), &n) || n == 0 || n > 64)
+        return fail(args[i].off, "bits must be 1..64");
+      act->count = uint32_t(n);
+    } else if (s.rfind("off=", 0) == 0 || s.rfind("offset=", 0) == 0) {
+      std::string_view v = std::string_view(s).substr(s.find('=') + 1);
+      if (!parse_fault_u64(v, &n) || n > 65535) return fail(args[i].off, "offset must be 0..65535");
+      act->offset = int32_t(n);
+    } else {
+      return fail(args[i].off, "unknown corrupt argument \"" + std::string(args[i].s) +
+                                   "\" (bits=N, off=N, fix, nofix)");
+    }
+  }
+  return "";
+}
+
+// rewrite(FIELD OP VALUE [, fix|nofix]): FIELD from kFaultFields; fixes the ICRC by default.
+std::string RuleParser::parse_act_rewrite(const std::string&, const std::vector<Piece>& args,
+                                          FaultAction* act) {
+  act->fix_icrc = true;
+  std::string_view s = args[0].s;
+  size_t eq = s.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    return fail(args[0].off, "rewrite needs FIELD=V, FIELD+=D, FIELD-=D or FIELD^=M");
+  size_t fend = eq;
+  act->op = RewriteOp::kSet;
+  if (s[eq - 1] == '+' || s[eq - 1] == '-' || s[eq - 1] == '^') {
+    act->op = s[eq - 1] == '+' ? RewriteOp::kAdd : s[eq - 1] == '-' ? RewriteOp::kSub : RewriteOp::kXor;
+    fend = eq - 1;
+  }
+  std::string fname = lower(trim(Piece{s.substr(0, fend), 0}).s);
+  const FaultFieldInfo* field = find_fault_field(fname);
+  if (field == nullptr) return fail(args[0].off, "unknown header field \"" + fname + "\"");
+  act->field = field->field;
+  Piece v = trim(Piece{s.substr(eq + 1), args[0].off + eq + 1});
+  if (lower(v.s) == "random") {
+    if (act->op != RewriteOp::kSet) return fail(v.off, "random only with '='");
+    act->op = RewriteOp::kRandom;
+  } else if (!parse_fault_u64(v.s, &act->value)) {
+    return fail(v.off, "bad value \"" + std::string(v.s) + "\"");
+  }
+  if (args.size() == 2) {
+    std::string f = lower(args[1].s);
+    if (f == "fix") act->fix_icrc = true;
+    else if (f == "nofix") act->fix_icrc = false;
+    else return fail(args[1].off, "expected fix or nofix, got \"" + std::string(args[1].s) + "\"");
+  }
+  return require_for_field(act->field);
+}
+
+std::string RuleParser::parse_act_truncate(const std::string&, const std::vector<Piece>& args,
+                                           FaultAction* act) {
+  uint64_t n = 0;
+  if (!parse_fault_u64(args[0].s, &n) || n > 65535) return fail(args[0].off, "truncate needs a byte count");
+  act->count = uint32_t(n);
+  return "";
+}
+
+// nak(CODE, ...) / rnr(TIMER, ...) with optional qpn=, psn=, msn=, keep.
+std::string RuleParser::parse_act_nak(const std::string& w, const std::vector<Piece>& args,
+                                      FaultAction* act) {
+  std::string c = lower(args[0].s);
+  uint64_t n = 0;
+  bool rnr = w != "nak";
+  if (!rnr && (c == "psn_seq" || c == "seq")) n = wire::aeth::kNakPsnSeqError;
+  else if (!rnr && c == "inv_req") n = wire::aeth::kNakInvalidRequest;
+  else if (!rnr && c == "rem_access") n = wire::aeth::kNakRemoteAccessError;
+  else if (!rnr && c == "rem_op") n = wire::aeth::kNakRemoteOperationalError;
+  else if (!rnr && c == "inv_rd") n = wire::aeth::kNakInvalidRdRequest;
+  else if (!parse_fault_u64(c, &n) || n > 31)
+    return fail(args[0].off, rnr ? "rnr timer must be 0..31"
+                                 : "nak code must be psn_seq, inv_req, rem_access, rem_op, inv_rd or 0..31");
+  act->syndrome = rnr ? wire::aeth::rnr_nak(uint8_t(n)) : wire::aeth::nak(uint8_t(n));
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string s = lower(args[i].s);
+    uint64_t v = 0;
+    auto num_after = [&](size_t skip) { return parse_fault_u64(std::string_view(s).substr(skip), &v); };
+    if (s == "keep") {
+      act->keep = true;
+    } else if (s.rfind("qpn=", 0) == 0) {
+      if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad qpn");
+      act->has_qpn = true;
+      act->qpn = uint32_t(v);
+    } else if (s.rfind("psn=", 0) == 0) {
+      if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad psn");
+      act->has_psn = true;
+      act->psn = uint32_t(v);
+    } else if (s.rfind("msn=", 0) == 0) {
+      if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad msn");
+      act->msn = uint32_t(v);
+    } else {
+      return fail(args[i].off, "unknown " + w + " argument \"" + std::string(args[i].s) +
+                                   "\" (qpn=N, psn=N, msn=N, keep)");
+    }
+  }
+  return "";
+}
+
+std::string RuleParser::parse_act_blackhole(const std::string&, const std::vector<Piece>& args,
+                                            FaultAction* act) {
+  return args.empty() ? "" : parse_time(args[0], &act->time_us, true);
+}
+
+const RuleParser::ActionSyntax RuleParser::kActionSyntax[] = {
+    {{"drop"}, FaultActionKind::kDrop, 0, 0, &RuleParser::parse_act_drop},
+    {{"dup", "duplicate"}, FaultActionKind::kDuplicate, 0, 1, &RuleParser::parse_act_dup},
+    {{"delay"}, FaultActionKind::kDelay, 1, 1, &RuleParser::parse_act_delay},
+    {{"reorder"}, FaultActionKind::kReorder, 0, 2, &RuleParser::parse_act_reorder},
+    {{"corrupt"}, FaultActionKind::kCorrupt, 1, 4, &RuleParser::parse_act_corrupt},
+    {{"rewrite", "set"}, FaultActionKind::kRewrite, 1, 2, &RuleParser::parse_act_rewrite},
+    {{"truncate"}, FaultActionKind::kTruncate, 1, 1, &RuleParser::parse_act_truncate},
+    {{"nak", "rnr", "rnr_nak"}, FaultActionKind::kNak, 1, 5, &RuleParser::parse_act_nak},
+    {{"blackhole"}, FaultActionKind::kBlackhole, 0, 1, &RuleParser::parse_act_blackhole},
+};
+
+// One action: WORD or WORD(ARG, ...).
 std::string RuleParser::parse_action(Piece a, FaultAction* act) {
   act->text = std::string(a.s);
   size_t paren = a.s.find('(');
-  Piece word{a.s.substr(0, paren), a.off};
-  word = trim(word);
+  Piece word = trim(Piece{a.s.substr(0, paren), a.off});
   std::vector<Piece> args;
   if (paren != std::string_view::npos) {
     if (a.s.back() != ')') return fail(a.off + a.s.size() - 1, "missing ')' in \"" + std::string(a.s) + "\"");
@@ -481,171 +710,20 @@ std::string RuleParser::parse_action(Piece a, FaultAction* act) {
     for (const Piece& p : args)
       if (p.s.empty()) return fail(p.off, "empty argument");
   }
-  std::string w = lower(word.s);
-  auto nargs = [&](size_t lo, size_t hi) -> std::string {
-    if (args.size() < lo || args.size() > hi)
-      return fail(a.off, w + " takes " +
-                             (lo == hi ? std::to_string(lo) : std::to_string(lo) + ".." + std::to_string(hi)) +
-                             " argument(s), got " + std::to_string(args.size()));
-    return "";
-  };
-  if (w == "drop") {
-    act->kind = FaultActionKind::kDrop;
-    return nargs(0, 0);
-  }
-  if (w == "dup" || w == "duplicate") {
-    act->kind = FaultActionKind::kDuplicate;
-    if (auto e = nargs(0, 1); !e.empty()) return e;
-    if (!args.empty()) {
-      uint64_t n = 0;
-      if (!parse_fault_u64(args[0].s, &n) || n == 0 || n > 255)
-        return fail(args[0].off, "dup count must be 1..255");
-      act->count = uint32_t(n);
+  const std::string w = lower(word.s);
+  for (const ActionSyntax& syn : kActionSyntax) {
+    if (std::find_if(std::begin(syn.words), std::end(syn.words), [&](const char* n) {
+          return n != nullptr && w == n;
+        }) == std::end(syn.words))
+      continue;
+    act->kind = syn.kind;
+    if (args.size() < syn.min_args || args.size() > syn.max_args) {
+      std::string range = syn.min_args == syn.max_args
+                              ? std::to_string(syn.min_args)
+                              : std::to_string(syn.min_args) + ".." + std::to_string(syn.max_args);
+      return fail(a.off, w + " takes " + range + " argument(s), got " + std::to_string(args.size()));
     }
-    return "";
-  }
-  if (w == "delay") {
-    act->kind = FaultActionKind::kDelay;
-    if (auto e = nargs(1, 1); !e.empty()) return e;
-    if (auto e = parse_time(args[0], &act->time_us, false); !e.empty()) return e;
-    if (act->time_us == 0 || act->time_us > UINT32_MAX) return fail(args[0].off, "delay must be 1us..4294s");
-    return "";
-  }
-  if (w == "reorder") {
-    act->kind = FaultActionKind::kReorder;
-    act->time_us = 1000;  // default max hold: 1 ms
-    if (auto e = nargs(0, 2); !e.empty()) return e;
-    for (size_t i = 0; i < args.size(); ++i) {
-      std::string_view s = args[i].s;
-      if (lower(s.substr(0, 4)) == "max=") {
-        if (auto e = parse_time(Piece{s.substr(4), args[i].off + 4}, &act->time_us, true); !e.empty()) return e;
-      } else if (i == 0) {
-        uint64_t n = 0;
-        if (!parse_fault_u64(s, &n) || n == 0 || n > 1000000)
-          return fail(args[i].off, "reorder count must be 1..1000000");
-        act->count = uint32_t(n);
-      } else {
-        return fail(args[i].off, "unknown reorder argument \"" + std::string(s) + "\" (K, max=T)");
-      }
-    }
-    return "";
-  }
-  if (w == "corrupt") {
-    act->kind = FaultActionKind::kCorrupt;
-    if (auto e = nargs(1, 4); !e.empty()) return e;
-    std::string t = lower(args[0].s);
-    if (t == "payload") act->target = CorruptTarget::kPayload, r_->require_payload = true;
-    else if (t == "icrc") act->target = CorruptTarget::kIcrc;
-    else if (t == "hdr" || t == "header") act->target = CorruptTarget::kHeader;
-    else return fail(args[0].off, "corrupt target must be payload, icrc or hdr");
-    for (size_t i = 1; i < args.size(); ++i) {
-      std::string s = lower(args[i].s);
-      uint64_t n = 0;
-      if (s == "fix") {
-        if (act->target == CorruptTarget::kIcrc) return fail(args[i].off, "corrupt(icrc, fix) makes no sense");
-        act->fix_icrc = true;
-      } else if (s == "nofix") {
-        act->fix_icrc = false;
-      } else if (s.rfind("bits=", 0) == 0) {
-        if (!parse_fault_u64(std::string_view(s).substr(5), &n) || n == 0 || n > 64)
-          return fail(args[i].off, "bits must be 1..64");
-        act->count = uint32_t(n);
-      } else if (s.rfind("off=", 0) == 0 || s.rfind("offset=", 0) == 0) {
-        std::string_view v = std::string_view(s).substr(s.find('=') + 1);
-        if (!parse_fault_u64(v, &n) || n > 65535) return fail(args[i].off, "offset must be 0..65535");
-        act->offset = int32_t(n);
-      } else {
-        return fail(args[i].off, "unknown corrupt argument \"" + std::string(args[i].s) +
-                                     "\" (bits=N, off=N, fix, nofix)");
-      }
-    }
-    return "";
-  }
-  if (w == "rewrite" || w == "set") {
-    act->kind = FaultActionKind::kRewrite;
-    act->fix_icrc = true;
-    if (auto e = nargs(1, 2); !e.empty()) return e;
-    std::string_view s = args[0].s;
-    size_t eq = s.find('=');
-    if (eq == std::string_view::npos || eq == 0)
-      return fail(args[0].off, "rewrite needs FIELD=V, FIELD+=D, FIELD-=D or FIELD^=M");
-    size_t fend = eq;
-    act->op = RewriteOp::kSet;
-    if (s[eq - 1] == '+' || s[eq - 1] == '-' || s[eq - 1] == '^') {
-      act->op = s[eq - 1] == '+' ? RewriteOp::kAdd : s[eq - 1] == '-' ? RewriteOp::kSub : RewriteOp::kXor;
-      fend = eq - 1;
-    }
-    std::string fname = lower(trim(Piece{s.substr(0, fend), 0}).s);
-    const FaultFieldInfo* field = find_fault_field(fname);
-    if (field == nullptr) return fail(args[0].off, "unknown header field \"" + fname + "\"");
-    act->field = field->field;
-    Piece v = trim(Piece{s.substr(eq + 1), args[0].off + eq + 1});
-    if (lower(v.s) == "random") {
-      if (act->op != RewriteOp::kSet) return fail(v.off, "random only with '='");
-      act->op = RewriteOp::kRandom;
-    } else if (!parse_fault_u64(v.s, &act->value)) {
-      return fail(v.off, "bad value \"" + std::string(v.s) + "\"");
-    }
-    if (args.size() == 2) {
-      std::string f = lower(args[1].s);
-      if (f == "fix") act->fix_icrc = true;
-      else if (f == "nofix") act->fix_icrc = false;
-      else return fail(args[1].off, "expected fix or nofix, got \"" + std::string(args[1].s) + "\"");
-    }
-    return require_for_field(act->field);
-  }
-  if (w == "truncate") {
-    act->kind = FaultActionKind::kTruncate;
-    if (auto e = nargs(1, 1); !e.empty()) return e;
-    uint64_t n = 0;
-    if (!parse_fault_u64(args[0].s, &n) || n > 65535) return fail(args[0].off, "truncate needs a byte count");
-    act->count = uint32_t(n);
-    return "";
-  }
-  if (w == "nak" || w == "rnr" || w == "rnr_nak") {
-    act->kind = FaultActionKind::kNak;
-    if (auto e = nargs(1, 5); !e.empty()) return e;
-    std::string c = lower(args[0].s);
-    uint64_t n = 0;
-    bool rnr = w != "nak";
-    if (!rnr && (c == "psn_seq" || c == "seq")) n = wire::aeth::kNakPsnSeqError;
-    else if (!rnr && c == "inv_req") n = wire::aeth::kNakInvalidRequest;
-    else if (!rnr && c == "rem_access") n = wire::aeth::kNakRemoteAccessError;
-    else if (!rnr && c == "rem_op") n = wire::aeth::kNakRemoteOperationalError;
-    else if (!rnr && c == "inv_rd") n = wire::aeth::kNakInvalidRdRequest;
-    else if (!parse_fault_u64(c, &n) || n > 31)
-      return fail(args[0].off, rnr ? "rnr timer must be 0..31"
-                                   : "nak code must be psn_seq, inv_req, rem_access, rem_op, inv_rd or 0..31");
-    act->syndrome = rnr ? wire::aeth::rnr_nak(uint8_t(n)) : wire::aeth::nak(uint8_t(n));
-    for (size_t i = 1; i < args.size(); ++i) {
-      std::string s = lower(args[i].s);
-      uint64_t v = 0;
-      auto num_after = [&](size_t skip) { return parse_fault_u64(std::string_view(s).substr(skip), &v); };
-      if (s == "keep") {
-        act->keep = true;
-      } else if (s.rfind("qpn=", 0) == 0) {
-        if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad qpn");
-        act->has_qpn = true;
-        act->qpn = uint32_t(v);
-      } else if (s.rfind("psn=", 0) == 0) {
-        if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad psn");
-        act->has_psn = true;
-        act->psn = uint32_t(v);
-      } else if (s.rfind("msn=", 0) == 0) {
-        if (!num_after(4) || v > 0xffffff) return fail(args[i].off, "bad msn");
-        act->msn = uint32_t(v);
-      } else {
-        return fail(args[i].off, "unknown " + w + " argument \"" + std::string(args[i].s) +
-                                     "\" (qpn=N, psn=N, msn=N, keep)");
-      }
-    }
-    return "";
-  }
-  if (w == "blackhole") {
-    act->kind = FaultActionKind::kBlackhole;
-    if (auto e = nargs(0, 1); !e.empty()) return e;
-    if (!args.empty()) return parse_time(args[0], &act->time_us, true);
-    return "";
+    return (this->*syn.parse)(w, args, act);
   }
   return fail(word.off, "unknown action \"" + std::string(word.s) +
                             "\" (drop dup delay reorder corrupt rewrite truncate nak rnr blackhole)");
