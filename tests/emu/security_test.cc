@@ -339,6 +339,7 @@ TEST_F(SecurityTest, S34_PsnSweepAheadExecutesNothingOneNakPerGap) {
   sweep.reserve(1 << 16);
   for (uint32_t k = 1; k <= (1u << 16); ++k) sweep.push_back(forged_write((kPsn + k) & 0xFFFFFF, ms_->rkey(), 64));
   uint64_t rx0 = s_.eng->port().counters().rx_packets;
+  const uint64_t c_rx0 = qctr(qc_, Ctr::kRcvdPkts);
   a.send_many(s_ip_, sweep, evil);
   // Wait until S has taken in what the kernel delivered (some may be lost to the socket
   // buffer; that is fine): its receive count stops moving.
@@ -361,8 +362,11 @@ TEST_F(SecurityTest, S34_PsnSweepAheadExecutesNothingOneNakPerGap) {
   std::printf("S34: %llu of 65536 forged packets reached S, out_of_seq_request=%llu naks_sent=%llu\n",
               static_cast<unsigned long long>(last), static_cast<unsigned long long>(oos),
               static_cast<unsigned long long>(qctr(qs_, Ctr::kNakSent)));
-  // C's NAK (for a PSN it had not sent) is stale by now; its genuine WRITE goes through.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // C has taken in S's NAK (for a PSN it had not sent): rcvd_pkts is bumped under C's send
+  // lock with the completer's handling (emu/transport/recv.cc), so post_write comes after it.
+  ASSERT_TRUE(wait_until([&] { return qctr(qc_, Ctr::kRcvdPkts) >= c_rx0 + qctr(qs_, Ctr::kNakSent); }))
+      << "S's NAK never reached C (rcvd_pkts " << qctr(qc_, Ctr::kRcvdPkts) - c_rx0 << ")";
+  // The stale NAK matched nothing; C's genuine WRITE goes through.
   post_write(1024);
   auto c = c_completions(1);
   ASSERT_EQ(c.size(), 1u);
@@ -383,6 +387,7 @@ TEST_F(SecurityTest, S35_ForgedWrongRkeyKillsConnection) {
   ASSERT_NO_FATAL_FAILURE(start(35, o));
   Attacker a(c_ip_);
   std::vector<uint8_t> evil(256, 0xEE);
+  const uint64_t c_rx0 = qctr(qc_, Ctr::kRcvdPkts);
   a.send(s_ip_, forged_write(kPsn, ms_->rkey() ^ 0x00010000u, 256), evil);
   ASSERT_TRUE(wait_until([&] { return qs_->state() == QpState::kErr; }));
   EXPECT_EQ(qctr(qs_, Ctr::kRemAccessNakSent), 1u);
@@ -390,7 +395,8 @@ TEST_F(SecurityTest, S35_ForgedWrongRkeyKillsConnection) {
   EXPECT_TRUE(target_is(0x5a));
   EXPECT_TRUE(dst_->guards_ok());
   // The NAK reached C while nothing was outstanding (PSN kPsn not yet sent): ignored.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(wait_until([&] { return qctr(qc_, Ctr::kRcvdPkts) > c_rx0; }))
+      << "S's NAK never reached C";
   EXPECT_EQ(qc_->state(), QpState::kRts);
   post_write(256);
   auto c = c_completions(1);

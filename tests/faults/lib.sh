@@ -4,8 +4,27 @@
 # program runs. Needs SOFTRNIC_SHIM_DIR and SOFTRNIC_CTL (softrnic-ctl).
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launcher="$here/../../scripts/softrnic"
+launch="$here/../shim/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
 : "${SOFTRNIC_SHIM_DIR:?SOFTRNIC_SHIM_DIR must name the directory holding libibverbs.so.1}"
 : "${SOFTRNIC_CTL:?SOFTRNIC_CTL must name softrnic-ctl}"
+# Built with -Dfault_injection=false (meson passes SOFTRNIC_TEST_FAULT_INJECTION=false): the
+# scenario cannot run. Check that a plan is refused as compiled out (never silently ignored),
+# then skip (exit 77: counted and shown as a skip by scripts/count_results.py).
+if [ "${SOFTRNIC_TEST_FAULT_INJECTION:-true}" = false ]; then
+  nf_rt="$(mktemp -d)"
+  nf_out=$(SOFTRNIC_RUNTIME_DIR="$nf_rt" SOFTRNIC_FAULTS='dir=rx => drop' \
+           timeout -k 3 30 "$launch" -- ibv_devinfo 2>&1)
+  nf_rc=$?
+  rm -rf "$nf_rt"
+  if [ "$nf_rc" -ne 0 ] && grep -q 'compiled out' <<<"$nf_out"; then
+    echo "SKIP $(basename "$0"): fault injection is compiled out of this build; a plan is refused:"
+    grep -m1 'compiled out' <<<"$nf_out"
+    exit 77
+  fi
+  echo "FAIL: -Dfault_injection=false but SOFTRNIC_FAULTS was not refused (exit $nf_rc):"
+  echo "$nf_out" | tail -5
+  exit 1
+fi
 work="$(mktemp -d)"
 [ -n "${FAULTS_KEEP:-}" ] && echo "work dir kept: $work" || trap 'cleanup_all' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
@@ -27,7 +46,7 @@ start_server() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  env "${envs[@]}" timeout -k 3 "$tmo" "$launcher" run -- "$@" -p "$port" >"$work/$name.out" 2>&1 &
+  env "${envs[@]}" timeout -k 3 "$tmo" "$launch" -- "$@" -p "$port" >"$work/$name.out" 2>&1 &
   spid=$!
   bg_pids+=("$spid")
   for _ in $(seq 1 100); do
@@ -45,7 +64,7 @@ run_client() {
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   local t0=$SECONDS
-  env "${envs[@]}" timeout -k 3 "$tmo" "$launcher" run -- "$@" -p "$port" 127.0.0.1 >"$work/$name.out" 2>&1
+  env "${envs[@]}" timeout -k 3 "$tmo" "$launch" -- "$@" -p "$port" 127.0.0.1 >"$work/$name.out" 2>&1
   crc=$?
   csecs=$((SECONDS - t0))
 }
@@ -56,7 +75,7 @@ start_client() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  env "${envs[@]}" timeout -k 3 "$tmo" "$launcher" run -- "$@" -p "$port" 127.0.0.1 >"$work/$name.out" 2>&1 &
+  env "${envs[@]}" timeout -k 3 "$tmo" "$launch" -- "$@" -p "$port" 127.0.0.1 >"$work/$name.out" 2>&1 &
   cpid=$!
   bg_pids+=("$cpid")
 }

@@ -5,6 +5,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 : "${PCAP_ICRC_CHECK:?PCAP_ICRC_CHECK must name the pcap_icrc_check tool}"
+command -v tshark >/dev/null || bad "tshark is not installed (scripts/setup installs it): nothing can be decoded"
 port=${FAULTS_PORT:-19820}
 runs=("send_bw:ib_send_bw -d softrnic0 -x 0 -F -n 200"
       "read_lat:ib_read_lat -d softrnic0 -x 0 -F -n 200")

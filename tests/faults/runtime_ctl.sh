@@ -27,7 +27,10 @@ out=$(softrnic fault "${sel[@]}" add 'dir=rx => frobnicate' 2>&1) \
 
 start_client cli 120 $port -- "${pp[@]}"
 cli_pid=""
-for _ in $(seq 1 50); do cli_pid=$(pgrep -P "$cpid" | head -1); [ -n "$cli_pid" ] && break; sleep 0.1; done
+for _ in $(seq 1 50); do
+  cli_pid=$(pgrep -P "$cpid" | head -1); [ -n "$cli_pid" ] && break; sleep 0.1
+done
+[ -n "$cli_pid" ] || bad "the client process did not start within 5 s"
 fired=0
 for _ in $(seq 1 300); do
   fired=$(softrnic fault list "${sel[@]}" 2>/dev/null | sed -n 's/.*fired=\([0-9]*\).*/\1/p' | head -1)

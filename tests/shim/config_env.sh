@@ -5,11 +5,12 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launcher="$here/../../scripts/softrnic"
+launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 fail=0
-run() { timeout -k 5 30 "$launcher" run -- "$@"; }
+run() { timeout -k 5 30 "$launch" -- "$@"; }
 
 check() {  # name, expected-exit (0|nz), regex, env assignment..., -- cmd...
   local name=$1 want=$2 re=$3; shift 3
@@ -17,7 +18,7 @@ check() {  # name, expected-exit (0|nz), regex, env assignment..., -- cmd...
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   local out rc
-  out=$(env "${envs[@]}" timeout -k 5 30 "$launcher" run -- "$@" 2>&1)
+  out=$(env "${envs[@]}" timeout -k 5 30 "$launch" -- "$@" 2>&1)
   rc=$?
   local ok=1
   if [ "$want" = 0 ]; then [ "$rc" -eq 0 ] || ok=0; else [ "$rc" -ne 0 ] || ok=0; fi
@@ -37,11 +38,18 @@ check mtu 0 'active_mtu:[[:space:]]+1024' SOFTRNIC_MTU=1024 -- ibv_devinfo
 
 # SOFTRNIC_PCAP on both sides of an RC ping-pong; tshark must decode every packet as RoCE,
 # none malformed (ICRC values themselves are checked by the wire tests).
+command -v tshark >/dev/null || { echo "FAIL tshark is not installed (scripts/setup installs it)"; fail=1; }
 port=19690
-SOFTRNIC_PCAP="$work/srv.pcap" timeout -k 5 60 "$launcher" run -- ibv_rc_pingpong -g 0 -n 20 -p $port >"$work/s.out" 2>&1 &
+SOFTRNIC_PCAP="$work/srv.pcap" timeout -k 5 60 "$launch" -- ibv_rc_pingpong -g 0 -n 20 -p $port >"$work/s.out" 2>&1 &
 spid=$!
-for _ in $(seq 1 100); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-SOFTRNIC_PCAP="$work/cli-%p.pcap" timeout -k 5 60 "$launcher" run -- ibv_rc_pingpong -g 0 -n 20 -p $port 127.0.0.1 >"$work/c.out" 2>&1
+listening=0
+for _ in $(seq 1 200); do
+  ss -Hltn "sport = :$port" | grep -q . && { listening=1; break; }
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.1
+done
+[ "$listening" = 1 ] || { echo "FAIL pcap pingpong: the server never listened on TCP port $port (20 s)"; fail=1; }
+SOFTRNIC_PCAP="$work/cli-%p.pcap" timeout -k 5 60 "$launch" -- ibv_rc_pingpong -g 0 -n 20 -p $port 127.0.0.1 >"$work/c.out" 2>&1
 crc=$?
 wait $spid
 src=$?

@@ -10,6 +10,7 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launcher="$here/../../scripts/softrnic"
+launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
 mode=()
 expect='.'
 sexpect='.'
@@ -34,15 +35,17 @@ trap 'rm -rf "$work"' EXIT
 # Each test gets its own runtime dir so generated sysfs trees never race.
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 
-timeout -k 5 "$tmo" "$launcher" run "${mode[@]}" -- "$@" -p "$port" >"$work/server.out" 2>&1 &
+timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" >"$work/server.out" 2>&1 &
 spid=$!
-# Wait until the server listens on its TCP port (or died).
-for _ in $(seq 1 100); do
-  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then break; fi
+# Wait (bounded: 20 s) until the server listens on its TCP port, or died.
+listening=0
+for _ in $(seq 1 200); do
+  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then listening=1; break; fi
   kill -0 "$spid" 2>/dev/null || break
   sleep 0.1
 done
-timeout -k 5 "$tmo" "$launcher" run "${mode[@]}" -- "$@" -p "$port" 127.0.0.1 >"$work/client.out" 2>&1
+[ "$listening" = 1 ] || echo "FAIL: the server never listened on TCP port $port (20 s)"
+timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" 127.0.0.1 >"$work/client.out" 2>&1
 crc=$?
 wait "$spid"
 src=$?
@@ -53,11 +56,17 @@ echo "== client: $* -p $port 127.0.0.1 (exit $crc)"
 cat "$work/client.out"
 
 fail=0
+[ "$listening" = 1 ] || fail=1
 [ "$src" -eq 0 ] || { echo "FAIL: server exited $src"; fail=1; }
 [ "$crc" -eq 0 ] || { echo "FAIL: client exited $crc"; fail=1; }
 grep -Eq -- "$sexpect" "$work/server.out" || { echo "FAIL: server output lacks /$sexpect/"; fail=1; }
 grep -Eq -- "$expect" "$work/client.out" || { echo "FAIL: client output lacks /$expect/"; fail=1; }
 if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/server.out" "$work/client.out"; then
   echo "FAIL: loader error"; fail=1
+fi
+# A sanitizer report in our code inside the foreign program (asan build) fails the test even
+# when the program's exit status did not show it.
+if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$work/server.out" "$work/client.out"; then
+  echo "FAIL: sanitizer report"; fail=1
 fi
 exit "$fail"

@@ -7,6 +7,7 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launcher="$here/../../scripts/softrnic"
+launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
 mode=()
 expects=()
 tmo=30
@@ -23,7 +24,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 
-timeout -k 5 "$tmo" "$launcher" run "${mode[@]}" -- "$@" >"$work/out" 2>&1
+timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" >"$work/out" 2>&1
 rc=$?
 echo "== $* (exit $rc)"
 cat "$work/out"
@@ -34,5 +35,10 @@ for re in "${expects[@]}"; do
 done
 if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/out"; then
   echo "FAIL: loader error"; fail=1
+fi
+# A sanitizer report in our code inside the foreign program (asan build) fails the test even
+# when the program's exit status did not show it.
+if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$work/out"; then
+  echo "FAIL: sanitizer report"; fail=1
 fi
 exit "$fail"
