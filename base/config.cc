@@ -338,7 +338,7 @@ void warn_unknown_variables_once(LogLevel level) {
 }
 
 std::string config_table_text() {
-  std::string o = "Environment (read once, when a program opens the device; names are exact upper "
+  std::string o = "Environment (read when a program lists or opens the device; names are exact upper "
                   "case, keyword values any case):\n";
   for (const VarDecl& d : kVars) {
     o += "  " + std::string(d.name) + "  [" + std::string(d.reader) + "] " + plain(d.help) + "\n";

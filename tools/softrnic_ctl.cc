@@ -1,19 +1,24 @@
 // softrnic-ctl: talks to a running device's control socket (emu/services/control.h): fault rules,
-// counters (once or watched with deltas) and packet capture. Exit status: 0 ok, 1 the device
-// refused the request or could not be reached, 2 usage error.
+// counters (once or watched with deltas, as text or --json) and packet capture; `env` prints
+// the table of configuration variables (base/config.h). Arguments are parsed with CLI11, JSON is
+// written with nlohmann-json (neither is linked into libibverbs.so.1). Exit status: 0 ok, 1 the
+// device refused the request or could not be reached, 2 usage error.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "base/config.h"
 #include "emu/services/control.h"
 #include "tools/control_client.h"
 
@@ -22,17 +27,19 @@ namespace {
 using rnic::emu::ControlClient;
 using rnic::emu::ControlReply;
 using rnic::emu::ControlSocketInfo;
+using Json = nlohmann::ordered_json;
 
 constexpr const char* kUsage =
     "usage: softrnic-ctl [--device NAME | --pid PID | --socket PATH] [--runtime-dir DIR] CMD\n"
     "  fault add 'RULE[; RULE...]'   add fault rules (all or none; see emu/fault/fault_rules.h)\n"
-    "  fault list                    rules with their fire counts\n"
+    "  fault list [--json]           rules with their fire counts\n"
     "  fault clear                   remove every rule\n"
-    "  stats [--qp N] [--watch [--interval S] [--count N]]\n"
+    "  stats [--qp N] [--json] [--watch [--interval S] [--count N]]\n"
     "                                counters as 'name value' (watch: + delta per interval)\n"
     "  capture -w FILE               start writing a pcap of all traffic to FILE\n"
     "  capture --stop                stop the capture\n"
     "  list                          running devices (device pid socket)\n"
+    "  env [--markdown]              the SOFTRNIC_* variables (base/config.h)\n"
     "Without --device/--pid/--socket the only running device is used.\n";
 
 volatile sig_atomic_t g_stop = 0;
@@ -53,45 +60,16 @@ bool parse_num(const std::string& s, unsigned long long* v) {
   if (s.empty()) return false;
   errno = 0;
   char* end = nullptr;
-  *v = std::strtoull(s.c_str(), &end, 0);
+  *v = std::strtoull(s.c_str(), &end, 10);
   return errno == 0 && end && *end == '\0' && s[0] != '-';
 }
 
 struct Selector {
   std::string device;
-  pid_t pid = 0;
+  int pid = 0;
   std::string socket;
   std::string runtime_dir;
 };
-
-// Consumes a selector option at args[*i] (and its value). Returns 1 if consumed, 0 if args[*i]
-// is not one, -1 on a usage error (message in *err).
-int take_selector(const std::vector<std::string>& args, size_t* i, Selector* sel,
-                  std::string* err) {
-  const std::string& a = args[*i];
-  std::string* dst = nullptr;
-  if (a == "--device") dst = &sel->device;
-  else if (a == "--socket") dst = &sel->socket;
-  else if (a == "--runtime-dir") dst = &sel->runtime_dir;
-  else if (a != "--pid") return 0;
-  if (*i + 1 >= args.size()) {
-    *err = a + " needs a value";
-    return -1;
-  }
-  const std::string& v = args[++*i];
-  if (dst) {
-    *dst = v;
-  } else {
-    unsigned long long p = 0;
-    if (!parse_num(v, &p) || p == 0 || p > INT_MAX) {
-      *err = "bad --pid '" + v + "'";
-      return -1;
-    }
-    sel->pid = static_cast<pid_t>(p);
-  }
-  ++*i;
-  return 1;
-}
 
 struct Conn {
   std::unique_ptr<ControlClient> client;
@@ -117,18 +95,11 @@ std::string open_conn(const Selector& sel, Conn* c) {
   return c->client ? "" : err;
 }
 
-// Sends one request; prints data lines to stdout. Returns the exit status.
-int run_simple(Conn& c, const std::string& req) {
-  ControlReply r;
-  if (std::string e = c.client->request(req, &r); !e.empty()) return fail(e);
-  for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
-  if (!r.ok) return fail(r.error);
-  return 0;
-}
+using StatLines = std::vector<std::pair<std::string, unsigned long long>>;
 
 // Parses "name value" lines into an ordered list.
-std::vector<std::pair<std::string, unsigned long long>> parse_stats(const ControlReply& r) {
-  std::vector<std::pair<std::string, unsigned long long>> out;
+StatLines parse_stats(const ControlReply& r) {
+  StatLines out;
   for (const std::string& l : r.lines) {
     size_t sp = l.rfind(' ');
     unsigned long long v = 0;
@@ -138,7 +109,45 @@ std::vector<std::pair<std::string, unsigned long long>> parse_stats(const Contro
   return out;
 }
 
-int run_watch(Conn& c, const std::string& req, double interval, unsigned long long count) {
+// "ID fired=N matched=N RULE" lines of `fault list` (emu/services/control.cc) as JSON objects.
+Json fault_list_json(const ControlReply& r) {
+  Json arr = Json::array();
+  for (const std::string& l : r.lines) {
+    unsigned long long id = 0, fired = 0, matched = 0;
+    int used = 0;
+    if (std::sscanf(l.c_str(), "%llu fired=%llu matched=%llu %n", &id, &fired, &matched, &used) < 3)
+      continue;
+    arr.push_back({{"id", id}, {"fired", fired}, {"matched", matched},
+                   {"rule", l.substr(static_cast<size_t>(used))}});
+  }
+  return arr;
+}
+
+enum class Output { kText, kJson, kFaultJson };
+
+// Sends one request; prints data lines (or their JSON) to stdout. Returns the exit status.
+int run_simple(Conn& c, const std::string& req, Output out) {
+  ControlReply r;
+  if (std::string e = c.client->request(req, &r); !e.empty()) return fail(e);
+  if (!r.ok) {
+    for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
+    return fail(r.error);
+  }
+  if (out == Output::kText) {
+    for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
+  } else if (out == Output::kFaultJson) {
+    std::printf("%s\n", fault_list_json(r).dump(2).c_str());
+  } else {
+    Json counters = Json::object();
+    for (const auto& [name, v] : parse_stats(r)) counters[name] = v;
+    Json doc = {{"device", c.info.device}, {"pid", c.info.pid}, {"counters", counters}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  }
+  return 0;
+}
+
+int run_watch(Conn& c, const std::string& req, double interval, unsigned long long count,
+              bool json) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;  // no SA_RESTART: the sleep returns early on ^C
   sigaction(SIGINT, &sa, nullptr);
@@ -153,17 +162,29 @@ int run_watch(Conn& c, const std::string& req, double interval, unsigned long lo
     localtime_r(&now, &tmv);
     char ts[16];
     std::strftime(ts, sizeof(ts), "%H:%M:%S", &tmv);
-    std::printf("--- %s pid %d %s%s\n", c.info.device.empty() ? "device" : c.info.device.c_str(),
-                static_cast<int>(c.info.pid), ts, round == 1 ? "" : " (delta since last)");
+    Json counters = Json::object(), delta = Json::object();
+    if (!json) {
+      std::printf("--- %s pid %d %s%s\n", c.info.device.empty() ? "device" : c.info.device.c_str(),
+                  static_cast<int>(c.info.pid), ts, round == 1 ? "" : " (delta since last)");
+    }
     for (const auto& [name, v] : parse_stats(r)) {
       auto it = prev.find(name);
-      if (it == prev.end()) {
+      long long d = it == prev.end() ? 0 : static_cast<long long>(v - it->second);
+      if (json) {
+        counters[name] = v;
+        if (it != prev.end()) delta[name] = d;
+      } else if (it == prev.end()) {
         std::printf("%s %llu\n", name.c_str(), v);
       } else {
-        long long d = static_cast<long long>(v - it->second);
         std::printf("%s %llu %+lld\n", name.c_str(), v, d);
       }
       prev[name] = v;
+    }
+    if (json) {  // one object per line (JSON Lines)
+      Json doc = {{"device", c.info.device}, {"pid", c.info.pid}, {"time", ts},
+                  {"counters", counters}};
+      if (round != 1) doc["delta"] = delta;
+      std::printf("%s\n", doc.dump().c_str());
     }
     std::fflush(stdout);
     if (count != 0 && round >= count) break;
@@ -181,39 +202,71 @@ std::string absolute_path(const std::string& p) {
   return std::string(cwd) + "/" + p;
 }
 
-int run(std::vector<std::string> args) {
+int run(int argc, char** argv) {
+  CLI::App app{"softrnic-ctl: a running softrnic device's control socket", "softrnic-ctl"};
+  app.set_help_flag();  // -h/--help/help print kUsage (below)
+  bool help = false;
+  app.add_flag("-h,--help", help);
+  // Selectors may come before or after the command (fallthrough), except inside a fault plan.
+  app.fallthrough();
+  app.require_subcommand(0, 1);
   Selector sel;
-  std::string err;
-  size_t i = 0;
-  // Leading selectors.
-  while (i < args.size()) {
-    int t = take_selector(args, &i, &sel, &err);
-    if (t < 0) return usage(err);
-    if (t == 0) break;
+  auto* o_dev = app.add_option("--device", sel.device);
+  auto* o_pid = app.add_option("--pid", sel.pid)->check(CLI::Range(1, INT_MAX));
+  auto* o_sock = app.add_option("--socket", sel.socket);
+  app.add_option("--runtime-dir", sel.runtime_dir);
+  o_sock->excludes(o_dev)->excludes(o_pid);
+
+  CLI::App* c_help = app.add_subcommand("help");
+  CLI::App* c_list = app.add_subcommand("list");
+  CLI::App* c_env = app.add_subcommand("env");
+  bool markdown = false;
+  c_env->add_flag("--markdown", markdown);
+
+  CLI::App* c_fault = app.add_subcommand("fault");
+  c_fault->require_subcommand(0, 1);
+  CLI::App* c_fadd = c_fault->add_subcommand("add");
+  c_fadd->prefix_command()->fallthrough(false);  // the plan's words are taken verbatim
+  CLI::App* c_flist = c_fault->add_subcommand("list");
+  bool fault_json = false;
+  c_flist->add_flag("--json", fault_json);
+  CLI::App* c_fclear = c_fault->add_subcommand("clear");
+
+  CLI::App* c_stats = app.add_subcommand("stats");
+  unsigned qpn = 0;
+  double interval = 1.0;
+  unsigned long long count = 0;
+  bool watch = false, stats_json = false;
+  auto* o_qp = c_stats->add_option("--qp", qpn)->check(CLI::Range(0u, 0xffffffu));
+  c_stats->add_flag("--watch", watch);
+  c_stats->add_flag("--json", stats_json);
+  auto* o_int = c_stats->add_option("--interval", interval)->check(CLI::Range(1e-9, 86400.0));
+  auto* o_cnt = c_stats->add_option("--count", count)->check(CLI::PositiveNumber);
+
+  CLI::App* c_cap = app.add_subcommand("capture");
+  std::string cap_file;
+  bool cap_stop = false;
+  auto* o_w = c_cap->add_option("-w", cap_file);
+  auto* o_stop = c_cap->add_flag("--stop", cap_stop);
+  o_w->excludes(o_stop);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return usage(e.what());
   }
-  if (i >= args.size()) return usage("");
-  std::string cmd = args[i++];
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+  if (help || *c_help) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  // Remaining words: selectors anywhere, except inside a fault plan.
-  std::vector<std::string> rest;
-  bool plan = false;
-  while (i < args.size()) {
-    if (!plan) {
-      int t = take_selector(args, &i, &sel, &err);
-      if (t < 0) return usage(err);
-      if (t == 1) continue;
-    }
-    rest.push_back(args[i++]);
-    if (cmd == "fault" && rest.size() == 1 && rest[0] == "add") plan = true;
-  }
-  int selectors = !sel.socket.empty() + (!sel.device.empty() || sel.pid != 0);
-  if (selectors > 1) return usage("--socket excludes --device and --pid");
+  if (app.get_subcommands().empty()) return usage("");
 
-  if (cmd == "list") {
-    if (!rest.empty()) return usage("list takes no arguments");
+  if (*c_env) {
+    std::fputs((markdown ? rnic::base::config_table_markdown() : rnic::base::config_table_text()).c_str(),
+               stdout);
+    return 0;
+  }
+  if (*c_list) {
     std::string dir = sel.runtime_dir.empty() ? rnic::emu::control_runtime_dir() : sel.runtime_dir;
     for (const ControlSocketInfo& s : rnic::emu::find_control_sockets(dir, true)) {
       if (!sel.device.empty() && s.device != sel.device) continue;
@@ -224,78 +277,42 @@ int run(std::vector<std::string> args) {
   }
 
   std::string req;
-  bool watch = false;
-  double interval = 1.0;
-  unsigned long long count = 0;
-  if (cmd == "fault") {
-    if (rest.empty()) return usage("fault: add, list or clear?");
-    if (rest[0] == "add") {
-      if (rest.size() < 2) return usage("fault add: no rule given");
+  Output out = Output::kText;
+  if (*c_fault) {
+    if (*c_fadd) {
+      std::vector<std::string> words = c_fadd->remaining();
+      if (words.empty()) return usage("fault add: no rule given");
       req = "fault add";
-      for (size_t k = 1; k < rest.size(); ++k) {
+      for (const std::string& w : words) {
         req += ' ';
-        for (char ch : rest[k]) req += (ch == '\n' ? ';' : ch);  // a pasted plan: lines -> ';'
+        for (char ch : w) req += (ch == '\n' ? ';' : ch);  // a pasted plan: lines -> ';'
       }
-    } else if ((rest[0] == "list" || rest[0] == "clear") && rest.size() == 1) {
-      req = "fault " + rest[0];
+    } else if (*c_flist) {
+      req = "fault list";
+      if (fault_json) out = Output::kFaultJson;
+    } else if (*c_fclear) {
+      req = "fault clear";
     } else {
       return usage("fault: add 'RULE', list or clear");
     }
-  } else if (cmd == "stats") {
-    req = "stats";
-    bool interval_set = false;
-    for (size_t k = 0; k < rest.size(); ++k) {
-      const std::string& a = rest[k];
-      unsigned long long v = 0;
-      if ((a == "--qp" || a == "--interval" || a == "--count") && k + 1 >= rest.size()) {
-        return usage(a + " needs a value");
-      }
-      if (a == "--qp") {
-        if (!parse_num(rest[++k], &v) || v > 0xffffff) return usage("bad QPN '" + rest[k] + "'");
-        req = "stats qp " + std::to_string(v);
-      } else if (a == "--watch") {
-        watch = true;
-      } else if (a == "--interval") {
-        char* end = nullptr;
-        interval = std::strtod(rest[++k].c_str(), &end);
-        if (!end || *end != '\0' || !(interval > 0) || interval > 86400) {
-          return usage("bad --interval '" + rest[k] + "'");
-        }
-        interval_set = true;
-      } else if (a == "--count") {
-        if (!parse_num(rest[++k], &count) || count == 0) return usage("bad --count");
-      } else {
-        return usage("stats: unknown argument '" + a + "'");
-      }
-    }
-    if ((interval_set || count != 0) && !watch) return usage("--interval/--count need --watch");
-  } else if (cmd == "capture") {
-    std::string file;
-    bool stop = false;
-    for (size_t k = 0; k < rest.size(); ++k) {
-      if (rest[k] == "-w" && k + 1 < rest.size()) {
-        file = rest[++k];
-      } else if (rest[k] == "--stop") {
-        stop = true;
-      } else {
-        return usage("capture: -w FILE or --stop");
-      }
-    }
-    if (stop == !file.empty()) return usage("capture: give either -w FILE or --stop");
-    req = stop ? "capture stop" : "capture start " + absolute_path(file);
-  } else {
-    return usage("unknown command '" + cmd + "'");
+  } else if (*c_stats) {
+    req = *o_qp ? "stats qp " + std::to_string(qpn) : "stats";
+    if ((*o_int || *o_cnt) && !watch) return usage("--interval/--count need --watch");
+    if (stats_json) out = Output::kJson;
+  } else if (*c_cap) {
+    if (cap_stop == !cap_file.empty()) return usage("capture: give either -w FILE or --stop");
+    req = cap_stop ? "capture stop" : "capture start " + absolute_path(cap_file);
   }
 
   Conn c;
   if (std::string e = open_conn(sel, &c); !e.empty()) return fail(e);
-  if (watch) return run_watch(c, req, interval, count);
-  return run_simple(c, req);
+  if (watch) return run_watch(c, req, interval, count, stats_json);
+  return run_simple(c, req, out);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
-  return run(std::vector<std::string>(argv + 1, argv + argc));
+  return run(argc, argv);
 }

@@ -837,5 +837,40 @@ TEST_F(ControlCliTest, NoDeviceAndUsageErrors) {
   EXPECT_EQ(ctl("--help").status, 0);
 }
 
+// --json (nlohmann-json) carries the same numbers as the text form; the plan words after
+// `fault add` are kept in order and selectors there are plan text, not options.
+TEST_F(ControlCliTest, JsonOutputForStatsAndFaultList) {
+  FakeTarget t;
+  start(&t);
+  CmdResult r = ctl("stats --json", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("\"counters\": {\n    \"sent_pkts\": 101,\n    \"rcvd_pkts\": 7\n  }"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"pid\": " + std::to_string(getpid())), std::string::npos) << r.out;
+  r = ctl("stats --json --watch --interval 0.01 --count 2", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("\"counters\":{\"sent_pkts\":102,\"rcvd_pkts\":7}}\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"delta\":{\"sent_pkts\":1,\"rcvd_pkts\":0}"), std::string::npos) << r.out;
+  ASSERT_EQ(ctl("fault add rule d 'p=0.1' '=>' dup").status, 0);
+  r = ctl("fault list --json", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("\"id\": 1,\n    \"fired\": 0,\n    \"matched\": 0,\n    \"rule\": \""),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("p=0.1 => dup"), std::string::npos) << r.out;
+  EXPECT_EQ(ctl("fault add 'dir=rx' --device x '=>' drop").status, 1);  // --device is plan text
+}
+
+// `softrnic-ctl env` prints every declared variable (base/config.h); --markdown is the table
+// the README holds (tests/base/config_test compares it with README.md).
+TEST_F(ControlCliTest, EnvPrintsTheConfigurationTable) {
+  CmdResult r = ctl("env", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("SOFTRNIC_FAULT_SEED  [services]"), std::string::npos) << r.out;
+  r = ctl("env --markdown", false);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out.rfind("| variable | default |", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("| `SOFTRNIC_LOG_FILE` |"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace rnic::emu

@@ -35,6 +35,23 @@ check bad_name_lists_nothing 0 'SOFTRNIC_NAME' 'SOFTRNIC_NAME=bad name!' -- ibv_
 check name 0 'mydev0' SOFTRNIC_NAME=mydev0 -- ibv_devices
 check ip 0 'GID\[  0\]:.*::ffff:127\.0\.0\.77, RoCE v2' SOFTRNIC_IP=127.0.0.77 -- ibv_devinfo -v
 check mtu 0 'active_mtu:[[:space:]]+1024' SOFTRNIC_MTU=1024 -- ibv_devinfo
+# base/config.h through the shim: an unknown SOFTRNIC_* name warns once naming the closest
+# (even at the default threshold), not with SOFTRNIC_LOG=off; keyword values fold case;
+# SOFTRNIC_LOG_FILE takes the log lines off stderr; a leading-zero seed is decimal.
+check unknown_var 0 'warn: unknown variable SOFTRNIC_FAULT \(did you mean SOFTRNIC_FAULTS\?\)' \
+  SOFTRNIC_FAULT=x -- ibv_devinfo
+out=$(SOFTRNIC_FAULT=x SOFTRNIC_LOG=off timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1)
+if [ $? -eq 0 ] && ! grep -q 'unknown variable' <<<"$out"; then echo "ok   unknown_var_off"
+else echo "FAIL unknown_var_off"; echo "$out" | tail -5; fail=1; fi
+n=$(SOFTRNIC_FAULT=x timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1 >/dev/null | grep -c 'unknown variable')
+if [ "$n" = 1 ]; then echo "ok   unknown_var_once"; else echo "FAIL unknown_var_once ($n lines)"; fail=1; fi
+check case_fold 0 'info: device softrnic0 on' SOFTRNIC_LOG=INFO SOFTRNIC_CONTROL=Off -- ibv_devinfo
+check seed_leading_zero 0 'hca_id' SOFTRNIC_FAULT_SEED=010 -- ibv_devinfo
+check bad_seed nz 'SOFTRNIC_FAULT_SEED' SOFTRNIC_FAULT_SEED=0o17 -- ibv_devinfo
+err=$(SOFTRNIC_LOG=info SOFTRNIC_LOG_FILE="$work/shim.log" timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1 >/dev/null)
+if grep -q 'info: device softrnic0 on' "$work/shim.log" 2>/dev/null && ! grep -q 'device softrnic0' <<<"$err"; then
+  echo "ok   log_file"
+else echo "FAIL log_file: stderr='$err' file='$(cat "$work/shim.log" 2>/dev/null)'"; fail=1; fi
 
 # SOFTRNIC_PCAP on both sides of an RC ping-pong; tshark must decode every packet as RoCE,
 # none malformed (ICRC values themselves are checked by the wire tests).
