@@ -73,9 +73,11 @@ struct Frame {
   uintptr_t lo = 0;
   size_t len = 0;
 };
-// initial-exec: the handler must not call __tls_get_addr (it may allocate) for a thread
-// that never entered a guarded region.
-__attribute__((tls_model("initial-exec"))) thread_local Frame* tl_frame = nullptr;
+// Not initial-exec: that would force libibverbs.so.1's whole TLS block into the static TLS
+// surplus, and dlopen (pyverbs) then fails with "cannot allocate memory in static TLS
+// block". Every thread that copies has touched tl_frame before it can fault in a guarded
+// region, so the handler's lookup for it never allocates.
+thread_local Frame* tl_frame = nullptr;
 
 std::mutex g_install_mu;
 struct sigaction g_prev_segv {};
