@@ -1,5 +1,5 @@
 // emu/transport/req.cc: the requester — send WQEs to packets (segmentation, PSNs, AckReq, fences,
-// initiator depth, RC window), local ops inline, go-back-N rewind; packet-writing helpers.
+// initiator depth, RC window), local ops inline, go-back-N rewind; the receive scatter helper.
 #include "emu/transport/req.h"
 
 #include <algorithm>
@@ -19,69 +19,7 @@ using wire::psn_add;
 using wire::psn_diff;
 namespace op = wire::op;
 
-// ---------------------------------------------------------------- packet writing
-
-size_t put_headers(uint8_t* buf, const wire::PacketFields& f, size_t payload_len) {
-  const wire::OpcodeInfo& info = wire::opcode_info(f.opcode);
-  if (info.mask == 0) return 0;
-  std::memset(buf, 0, info.length);
-  wire::Bth b(buf);
-  b.set_opcode(f.opcode);
-  b.set_se(f.se);
-  b.set_mig(f.mig);
-  b.set_pad_cnt(static_cast<uint8_t>((4 - payload_len % 4) % 4));
-  b.set_tver(wire::kTver);
-  b.set_pkey(f.pkey);
-  b.set_dest_qp(f.dest_qp);
-  b.set_ack_req(f.ack_req);
-  b.set_psn(f.psn);
-  const uint32_t m = info.mask;
-  if (m & wire::kRethMask) {
-    wire::Reth r(buf + info.offset[wire::kHdrReth]);
-    r.set_va(f.va);
-    r.set_rkey(f.rkey);
-    r.set_dma_len(f.dma_len);
-  }
-  if (m & wire::kAethMask) {
-    wire::Aeth a(buf + info.offset[wire::kHdrAeth]);
-    a.set_syndrome(f.syndrome);
-    a.set_msn(f.msn);
-  }
-  if (m & wire::kAtmEthMask) {
-    wire::AtomicEth a(buf + info.offset[wire::kHdrAtmEth]);
-    a.set_va(f.va);
-    a.set_rkey(f.rkey);
-    a.set_swap_add(f.swap_add);
-    a.set_compare(f.compare);
-  }
-  if (m & wire::kAtmAckMask) wire::AtomicAckEth(buf + info.offset[wire::kHdrAtmAck]).set_orig(f.orig);
-  if (m & wire::kIethMask) wire::Ieth(buf + info.offset[wire::kHdrIeth]).set_inv_rkey(f.inv_rkey);
-  if (m & wire::kDethMask) {
-    wire::Deth d(buf + info.offset[wire::kHdrDeth]);
-    d.set_qkey(f.qkey);
-    d.set_src_qp(f.src_qp);
-  }
-  if (m & wire::kImmMask) wire::ImmDt(buf + info.offset[wire::kHdrImmDt]).set_imm(f.imm);
-  return info.length;
-}
-
-uint32_t finish_packet(uint8_t* buf, size_t hdr_len, size_t payload_len,
-                       const wire::IpUdpMeta& meta, uint16_t ip_id) {
-  size_t n = hdr_len + payload_len;
-  size_t pad = (4 - payload_len % 4) % 4;
-  for (size_t i = 0; i < pad; ++i) buf[n + i] = 0;
-  n += pad;
-  uint32_t icrc;
-  if (ip_id == meta.ip_id) {
-    icrc = wire::icrc_compute(meta, std::span<const uint8_t>(buf, n));
-  } else {
-    wire::IpUdpMeta m = meta;
-    m.ip_id = ip_id;
-    icrc = wire::icrc_compute(m, std::span<const uint8_t>(buf, n));
-  }
-  wire::store_le32(buf + n, icrc);
-  return static_cast<uint32_t>(n + wire::kIcrcBytes);
-}
+// ---------------------------------------------------------------- receive scatter
 
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
                       const uint8_t* data, uint64_t len) {
@@ -110,10 +48,6 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
     offset += k;
   }
   return WcStatus::kSuccess;
-}
-
-wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst) {
-  return wire::meta_between(src, dst);
 }
 
 // ---------------------------------------------------------------- helpers
@@ -363,7 +297,7 @@ void req_run(Engine& e, Qp& qp) {
       }
       if (rc) f.ack_req = last || r.pkts_since_ackreq + 1 >= kMaxPktsPerAck;
     }
-    size_t hl = put_headers(buf, f, plen);
+    const size_t hl = wire::write_roce_headers(buf, f, plen);
     if (plen > 0) {
       WcStatus gs = gather(dev, qp, w, buf + hl, plen);
       if (gs != WcStatus::kSuccess) {
@@ -373,13 +307,13 @@ void req_run(Engine& e, Qp& qp) {
       }
     }
     wire::Endpoint dst;
-    uint32_t len = packet_len(hl, plen);
+    const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
     if (type == QpType::kUd) {
       dst = wire::Endpoint::v4(w.av.dest_ipv4, e.config().udp_port);
-      finish_packet(buf, hl, plen, make_meta(local, dst), tx.ip_id_for(dst, len));
+      wire::finish_roce(buf, hl, plen, wire::meta_between(local, dst, tx.ip_id_for(dst, len)));
     } else {
       dst = r.dst;
-      finish_packet(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
+      wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
     }
     tx.commit(dst, len);
     bump(c.ctr, e.counters(), Ctr::kSentPkts);

@@ -1,7 +1,7 @@
 // emu/transport/req.h: the requester (IBA ch. 9 "requester" role; rxe_req.c): turns send WQEs into
 // packets — segmentation by path MTU, PSN assignment, AckReq, fences, initiator depth, the
 // RC window — executes local ops (LOCAL_INV, BIND_MW) inline, and goes back N on retry.
-// Also the packet-writing helpers shared by requester and responder.
+// Also scatter_sges, the receive-side copy the responder uses.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include "emu/objects/qp.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
+#include "wire/port.h"
 
 namespace rnic::emu {
 
@@ -36,25 +37,19 @@ inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {
   return len == 0 ? 1u : static_cast<uint32_t>((len + mtu - 1) / mtu);
 }
 
-// ---- packet writing (requester and responder) ----
-// Writes BTH and the extension headers opcode f.opcode carries (opcode table), with
-// pad_cnt computed from payload_len. Returns the header length (0 for an unknown opcode).
-// The caller then places payload_len bytes at buf + header length and calls finish_packet.
-size_t put_headers(uint8_t* buf, const wire::PacketFields& f, size_t payload_len);
-// Bytes of the packet on the wire (headers, payload, pad, ICRC).
-inline uint32_t packet_len(size_t hdr_len, size_t payload_len) {
-  return static_cast<uint32_t>(hdr_len + payload_len + (4 - payload_len % 4) % 4 + 4);
-}
-// Zeroes the pad, appends the ICRC computed with meta and IPv4 ID ip_id (the packet's index
-// in a GSO run, TxBatch::ip_id_for); returns the total UDP payload length.
-uint32_t finish_packet(uint8_t* buf, size_t hdr_len, size_t payload_len,
-                       const wire::IpUdpMeta& meta, uint16_t ip_id = 0);
+// Packets are written with wire's one writer (wire/packet.h: write_roce_headers, the payload
+// gathered in place, finish_roce) and IpUdpMeta comes from wire::meta_between (wire/port.h).
+
 // Copies len bytes into the scatter list sges[0..n) starting at byte `offset` of the list,
 // checking each piece locally (lkey, PD, LOCAL_WRITE, range). kLocLenErr if the list is too
-// short; the local error status of the failed piece otherwise.
+// short; the local error status of the failed piece otherwise. (Responder receive path.)
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
                       const uint8_t* data, uint64_t len);
-// ICRC metadata for a packet from `src` to `dst` (IP ID 0, DF: what UdpPort sends).
-wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst);
+// TRANSITIONAL: wire::meta_between(src, dst) under its old name, kept only because
+// emu/transport/engine.cc and tests/emu/proto_scenarios_test.cc (other owners) still call it.
+// New code calls wire::meta_between; delete this once those two call sites are switched.
+inline wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst) {
+  return wire::meta_between(src, dst);
+}
 
 }  // namespace rnic::emu
