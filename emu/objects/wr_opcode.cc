@@ -13,6 +13,7 @@ constexpr QpType kRc = QpType::kRc, kUc = QpType::kUc, kUd = QpType::kUd;
 static_assert(wr_valid(kUd, WrOpcode::kSend) && wr_valid(kUd, WrOpcode::kSendWithImm));
 static_assert(!wr_valid(kUd, WrOpcode::kRdmaWrite) && !wr_valid(kUd, WrOpcode::kSendWithInv) &&
               !wr_valid(kUd, WrOpcode::kLocalInv) && !wr_valid(kUd, WrOpcode::kRdmaRead));
+static_assert(!wr_valid(kUc, WrOpcode::kSendWithInv) && wr_valid(kRc, WrOpcode::kSendWithInv));
 static_assert(wr_valid(kUc, WrOpcode::kRdmaWriteWithImm) && !wr_valid(kUc, WrOpcode::kRdmaRead) &&
               !wr_valid(kUc, WrOpcode::kAtomicCmpAndSwp) && !wr_valid(kUc, WrOpcode::kAtomicWrite));
 static_assert(wr_valid(kRc, WrOpcode::kAtomicWrite) && !wr_valid(kRc, WrOpcode::kTso) &&

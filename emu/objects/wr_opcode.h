@@ -84,7 +84,8 @@ constexpr uint32_t kAtomicFacts = kWrAtomicMask | kWrRemoteAddrMask | kWrRdAtomi
 namespace o = wire::op;
 
 // IBA Vol 1 10.8.3 (work request operations by service type, Table 86 as used by verbs):
-// UD: SEND only; UC: no READ/ATOMIC; RC: all. TSO and DRIVER1 are not offered (EINVAL).
+// UD: SEND only; UC: no READ/ATOMIC/SEND_WITH_INV; RC: all. TSO and DRIVER1 are not offered
+// (EINVAL).
 inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kTable = {
     // 0 RDMA_WRITE
     row("RDMA_WRITE", kRc | kUc, kWriteFacts, WcOpcode::kRdmaWrite, o::kRcRdmaWriteFirst,
@@ -113,8 +114,9 @@ inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kTable = {
     local("LOCAL_INV", kRc | kUc, kWrWaitSqMask, WcOpcode::kLocalInv),
     // 8 BIND_MW (IBA 10.6.3.2)
     local("BIND_MW", kRc | kUc, kWrBindMask, WcOpcode::kBindMw),
-    // 9 SEND_WITH_INV
-    row("SEND_WITH_INV", kRc | kUc, kSendFacts | kWrInvMask, WcOpcode::kSend, o::kRcSendFirst,
+    // 9 SEND_WITH_INV: RC only — IBA Table 38 defines SEND_LAST/ONLY_WITH_INVALIDATE for RC
+    // (and XRC), not UC (UC used to accept it and sent a packet with an undefined opcode).
+    row("SEND_WITH_INV", kRc, kSendFacts | kWrInvMask, WcOpcode::kSend, o::kRcSendFirst,
         o::kRcSendMiddle, o::kRcSendLastWithInv, o::kRcSendOnlyWithInv),
     // 10 TSO, 11 DRIVER1: no QP type takes them.
     row("TSO", 0, 0, WcOpcode::kTso, kWrNoBth, kWrNoBth, kWrNoBth, kWrNoBth),

@@ -59,7 +59,7 @@ void fail_qp(Qp& qp, bool sqe) {
 
 // Marks WQE w failed with status st (the completer retires it, then the QP fails).
 void fail_wqe(Qp& qp, SendWqe& w, WcStatus st) {
-  if ((facts(qp, w) & kWrRdAtomicMask) && w.state != WqeState::kDone && qp.req_.rd_atomic_inflight > 0 &&
+  if ((facts(qp, w) & kWrRdAtomicMask) && qp.req_.rd_atomic_inflight > 0 &&
       (w.state == WqeState::kPending || w.state == WqeState::kProcessing))
     --qp.req_.rd_atomic_inflight;
   w.status = st;

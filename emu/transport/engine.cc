@@ -17,6 +17,7 @@
 #include "emu/transport/recv.h"
 #include "emu/transport/req.h"
 #include "emu/transport/resp.h"
+#include "wire/port.h"
 #include "wire/psn.h"
 #include "wire/udp_port.h"
 
@@ -418,6 +419,64 @@ void reset_transport(Qp& qp) {
   c.src_latch.store(0, std::memory_order_relaxed);  // strict source check (recv.cc)
 }
 
+// INIT -> RTR: the responder starts (rq_psn, path MTU, responder resources; IBA 11.2.5).
+void start_responder(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
+                     const wire::Endpoint& peer) {
+  const QpAttr& a = qp.attr();
+  RespState& s = qp.resp_;
+  s.epsn = a.rq_psn & wire::kPsnMask;
+  s.msn = 0;
+  s.mtu = mtu;
+  s.nak_sent = s.uc_drop = false;
+  s.cur = RespState::kNone;
+  s.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  s.res.assign(a.max_dest_rd_atomic, RespRes{});  // control path: allocation is fine
+  s.res_next = 0;
+  s.dst = peer;
+  s.meta = wire::meta_between(local, peer);
+  s.ready = true;
+}
+
+// RTR -> RTS: the requester and completer start at sq_psn towards the QP's AV.
+void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
+                     const wire::Endpoint& peer) {
+  ReqState& r = qp.req_;
+  r.psn = r.max_psn = qp.attr().sq_psn & wire::kPsnMask;
+  qp.comp_.psn = r.psn;
+  r.pos = 0;
+  r.pkts_since_ackreq = 0;
+  r.rd_atomic_inflight = 0;
+  r.rnr_wait = false;
+  r.dst = peer;
+  r.meta = wire::meta_between(local, peer);
+  r.mtu = mtu;
+  r.ready = true;
+}
+
+// Attributes an RTR->RTS, RTS->RTS or SQD->RTS modify sets: initiator depth, retry counts,
+// the local ACK timeout.
+void load_requester_attrs(Qp& qp) {
+  const QpAttr& a = qp.attr();
+  CompState& c = qp.comp_;
+  qp.req_.max_rd_atomic = std::max<uint32_t>(a.max_rd_atomic, 1);
+  c.retry_cnt = a.retry_cnt;
+  c.rnr_retry = a.rnr_retry;
+  c.retry_left = a.retry_cnt;
+  c.rnr_left = a.rnr_retry;
+  c.timeout_ns = ack_timeout_ns(a.timeout);
+}
+
+// -> ERR / SQE: timers off, the requester forgets its progress (the SQ is flushed).
+void stop_requester(Qp& qp, QpState to) {
+  CompState& c = qp.comp_;
+  c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
+  qp.req_.pos = 0;
+  qp.req_.rnr_wait = false;
+  qp.req_.rd_atomic_inflight = 0;
+  // An ACK still owed for requests executed before the error goes out at batch end.
+  if (to == QpState::kErr) resp_flush_held(qp);
+}
+
 }  // namespace
 
 void Engine::on_modify(Qp& qp, QpState from, QpState to) {
@@ -439,42 +498,13 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
     return;
   }
   if (to == QpState::kRtr && from == QpState::kInit) {
-    RespState& s = qp.resp_;
-    s.epsn = a.rq_psn & wire::kPsnMask;
-    s.msn = 0;
-    s.mtu = mtu;
-    s.nak_sent = s.uc_drop = false;
-    s.cur = RespState::kNone;
-    s.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    s.res.assign(a.max_dest_rd_atomic, RespRes{});  // control path: allocation is fine
-    s.res_next = 0;
-    s.dst = peer;
-    s.meta = make_meta(local, peer);
-    s.ready = true;
+    start_responder(qp, mtu, local, peer);
     return;
   }
   if (to == QpState::kRts || to == QpState::kSqd) {
-    ReqState& r = qp.req_;
     CompState& c = qp.comp_;
-    if (from == QpState::kRtr) {
-      r.psn = r.max_psn = a.sq_psn & wire::kPsnMask;
-      c.psn = r.psn;
-      r.pos = 0;
-      r.pkts_since_ackreq = 0;
-      r.rd_atomic_inflight = 0;
-      r.rnr_wait = false;
-      r.dst = peer;
-      r.meta = make_meta(local, peer);
-      r.mtu = mtu;
-      r.ready = true;
-    }
-    // Attributes an RTS->RTS / SQD->RTS modify may change.
-    r.max_rd_atomic = std::max<uint32_t>(a.max_rd_atomic, 1);
-    c.retry_cnt = a.retry_cnt;
-    c.rnr_retry = a.rnr_retry;
-    c.retry_left = a.retry_cnt;
-    c.rnr_left = a.rnr_retry;
-    c.timeout_ns = ack_timeout_ns(a.timeout);
+    if (from == QpState::kRtr) start_requester(qp, mtu, local, peer);
+    load_requester_attrs(qp);
     if (to == QpState::kSqd && from != QpState::kSqd) {
       // emu reports an SQ that is empty now; the transports report a later drain.
       c.sqd_notified = qp.sq().empty();
@@ -490,16 +520,7 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
     }
     return;
   }
-  if (to == QpState::kErr || to == QpState::kSqe) {
-    CompState& c = qp.comp_;
-    c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
-    qp.req_.pos = 0;
-    qp.req_.rnr_wait = false;
-    qp.req_.rd_atomic_inflight = 0;
-    // An ACK still owed for requests executed before the error goes out at batch end.
-    if (to == QpState::kErr) resp_flush_held(qp);
-    return;
-  }
+  if (to == QpState::kErr || to == QpState::kSqe) stop_requester(qp, to);
 }
 
 void Engine::on_destroy(Qp& qp) {

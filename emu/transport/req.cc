@@ -10,6 +10,7 @@
 #include "emu/transport/engine.h"
 #include "emu/objects/mr.h"
 #include "emu/objects/mw.h"
+#include "emu/objects/wr_opcode.h"
 #include "wire/byteorder.h"
 #include "wire/psn.h"
 
@@ -53,52 +54,6 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
 // ---------------------------------------------------------------- helpers
 
 namespace {
-
-bool is_local_op(WrOpcode o) { return o == WrOpcode::kLocalInv || o == WrOpcode::kBindMw; }
-bool is_read(WrOpcode o) { return o == WrOpcode::kRdmaRead; }
-bool is_atomic(WrOpcode o) {
-  return o == WrOpcode::kAtomicCmpAndSwp || o == WrOpcode::kAtomicFetchAndAdd;
-}
-bool is_send(WrOpcode o) {
-  return o == WrOpcode::kSend || o == WrOpcode::kSendWithImm || o == WrOpcode::kSendWithInv;
-}
-bool is_write(WrOpcode o) { return o == WrOpcode::kRdmaWrite || o == WrOpcode::kRdmaWriteWithImm; }
-bool has_imm(WrOpcode o) {
-  return o == WrOpcode::kSendWithImm || o == WrOpcode::kRdmaWriteWithImm;
-}
-
-// IBA opcode for packet (first, last) of a SEND/WRITE on an RC or UC QP (UC = RC + 0x20),
-// or a UD SEND.
-uint8_t data_opcode(QpType t, WrOpcode o, bool first, bool last) {
-  if (t == QpType::kUd) return o == WrOpcode::kSendWithImm ? op::kUdSendOnlyWithImm : op::kUdSendOnly;
-  uint8_t v;
-  if (is_send(o)) {
-    if (first && last) {
-      v = o == WrOpcode::kSendWithImm   ? op::kRcSendOnlyWithImm
-          : o == WrOpcode::kSendWithInv ? op::kRcSendOnlyWithInv
-                                        : op::kRcSendOnly;
-    } else if (first) {
-      v = op::kRcSendFirst;
-    } else if (!last) {
-      v = op::kRcSendMiddle;
-    } else {
-      v = o == WrOpcode::kSendWithImm   ? op::kRcSendLastWithImm
-          : o == WrOpcode::kSendWithInv ? op::kRcSendLastWithInv
-                                        : op::kRcSendLast;
-    }
-  } else {
-    if (first && last) {
-      v = o == WrOpcode::kRdmaWriteWithImm ? op::kRcRdmaWriteOnlyWithImm : op::kRcRdmaWriteOnly;
-    } else if (first) {
-      v = op::kRcRdmaWriteFirst;
-    } else if (!last) {
-      v = op::kRcRdmaWriteMiddle;
-    } else {
-      v = o == WrOpcode::kRdmaWriteWithImm ? op::kRcRdmaWriteLastWithImm : op::kRcRdmaWriteLast;
-    }
-  }
-  return t == QpType::kUc ? static_cast<uint8_t>(v + 0x20) : v;
-}
 
 // Positions the gather cursor (sge_index/sge_offset) at w.offset.
 void seek(SendWqe& w) {
@@ -168,6 +123,246 @@ void exec_local(Engine& e, Qp& qp, SendWqe& w) {
 
 // ---------------------------------------------------------------- requester
 
+namespace {
+
+// What req_run does with the WQE at r.pos (pick_wqe).
+enum class Pick : uint8_t {
+  kEmit,  // it has a packet to send now
+  kNext,  // nothing to send for it (finished, local op done, oversized UD): look at the next
+  kStop,  // the send queue cannot advance now (error, fence, depth, window, SQD, LOCAL_INV)
+};
+
+// What the steps of one req_run call share; one stack object (no allocation, no locks).
+struct ReqRun {
+  Engine& e;
+  Qp& qp;
+  ReqState& r;
+  CompState& c;
+  Device& dev;
+  const QpType type;
+  const bool rc;
+  const QpState st;
+  TxBatch& tx;
+  const wire::Endpoint local;
+  bool sent = false;  // a packet of ours went into the batch
+};
+
+// One request packet: its header fields and how far it moves the WQE.
+struct ReqPkt {
+  wire::PacketFields f;
+  uint32_t psn = 0;
+  uint32_t plen = 0;      // payload bytes
+  uint32_t psn_used = 1;  // PSNs it consumes (a READ request: one per response packet)
+  bool last = true;       // last packet of the WQE
+};
+
+// RC window: at most kMaxUnackedPsns PSNs past the oldest unacknowledged one.
+bool window_full(const ReqRun& x) {
+  return x.rc && psn_diff(x.r.psn, x.c.psn) >= static_cast<int32_t>(kMaxUnackedPsns);
+}
+
+// Fence and initiator depth (and the window): may WQE w, with facts m, start now?
+bool can_start(const ReqRun& x, const SendWqe& w, uint32_t m) {
+  // Fence: wait until every earlier READ/ATOMIC has completed (IBA 10.8.3.3).
+  if ((w.send_flags & kSendFence) && x.r.rd_atomic_inflight > 0) return false;
+  if ((m & kWrRdAtomicMask) && x.r.rd_atomic_inflight >= x.r.max_rd_atomic) return false;
+  return !window_full(x);
+}
+
+// Gives a starting WQE its PSN range and takes its initiator-depth slot.
+void assign_psns(ReqRun& x, SendWqe& w, uint32_t m) {
+  ReqState& r = x.r;
+  w.offset = 0;
+  w.sge_index = w.sge_offset = 0;
+  // Every earlier WQE has been sent at least once: the new one starts past all of them.
+  if (psn_diff(r.max_psn, r.psn) > 0) r.psn = r.max_psn;
+  w.first_psn = r.psn;
+  const uint32_t n = (m & kWrAtomicMask) ? 1u : num_pkts(w.length, r.mtu);
+  w.last_psn = psn_add(r.psn, n - 1);
+  w.state = WqeState::kProcessing;
+  if (m & kWrRdAtomicMask) ++r.rd_atomic_inflight;
+  if (!(m & kWrSendMask)) bump(x.c.ctr, x.e.counters(), Ctr::kRdmaSends);
+}
+
+// A posted WQE starts: a local op runs inline; any other is checked and numbered.
+Pick start_wqe(ReqRun& x, SendWqe& w) {
+  const uint32_t m = wr_mask(x.type, w.opcode);
+  if (m & kWrLocalMask) {
+    // LOCAL_INV waits for every earlier WQE to complete (rxe); BIND_MW runs in order.
+    if ((m & kWrWaitSqMask) && x.r.pos != 0) return Pick::kStop;
+    exec_local(x.e, x.qp, w);
+    return w.state == WqeState::kError ? Pick::kStop : Pick::kNext;
+  }
+  if (m & kWrUnimplementedMask) {
+    // ATOMIC_WRITE (and FLUSH) are not implemented: fail the WQE, nothing is sent.
+    w.status = WcStatus::kLocQpOpErr;
+    w.state = WqeState::kError;
+    return Pick::kStop;
+  }
+  if (!can_start(x, w, m)) return Pick::kStop;
+  // READ data / atomic results land in the SGEs, which then need LOCAL_WRITE.
+  WcStatus cs = check_sges(x.dev, x.qp, w, (m & kWrLocalWriteMask) != 0);
+  if (cs != WcStatus::kSuccess) {
+    w.status = cs;  // S09: no packet leaves
+    w.state = WqeState::kError;
+    return Pick::kStop;
+  }
+  if (x.type == QpType::kUd && w.length > x.r.mtu) {
+    // C10-93.1.1 / rxe: an oversized UD send completes without being transmitted.
+    w.state = WqeState::kDone;
+    return Pick::kNext;
+  }
+  assign_psns(x, w, m);
+  return Pick::kEmit;
+}
+
+// Step 1: the WQE at r.pos — skip finished ones, start posted ones.
+Pick pick_wqe(ReqRun& x, SendWqe& w) {
+  switch (w.state) {
+    case WqeState::kError: return Pick::kStop;  // the completer will fail the QP
+    case WqeState::kDone:
+    case WqeState::kPending: return Pick::kNext;
+    case WqeState::kPosted:
+      if (x.st == QpState::kSqd) return Pick::kStop;  // SQD: no new WQE starts
+      return start_wqe(x, w);
+    case WqeState::kProcessing: break;
+  }
+  return Pick::kEmit;
+}
+
+// READ request: one packet asks for the rest of the data (ack_req; one PSN per response).
+void fill_read(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
+  const uint64_t rem = w.length - w.offset;
+  k.f.opcode = wr_bth_opcode(x.type, w.opcode, true, true);
+  k.f.va = w.remote_addr + w.offset;
+  k.f.rkey = w.rkey;
+  k.f.dma_len = static_cast<uint32_t>(rem);
+  k.f.ack_req = true;
+  k.psn_used = num_pkts(rem, x.r.mtu);
+}
+
+// CMP_AND_SWP / FETCH_AND_ADD: one packet with the AtomicETH.
+void fill_atomic(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
+  k.f.opcode = wr_bth_opcode(x.type, w.opcode, true, true);
+  k.f.va = w.remote_addr;
+  k.f.rkey = w.rkey;
+  if (m & kWrCompareMask) {
+    k.f.swap_add = w.swap;
+    k.f.compare = w.compare_add;
+  } else {
+    k.f.swap_add = w.compare_add;
+  }
+  k.f.ack_req = true;
+}
+
+// SEND / WRITE: the next MTU of payload; RETH on a WRITE's first packet; ImmDt, IETH and SE
+// on the last.
+void fill_data(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
+  const ReqState& r = x.r;
+  const uint64_t rem = w.length - w.offset;
+  const bool first = w.offset == 0;
+  const bool last = rem <= r.mtu;
+  k.last = last;
+  k.plen = static_cast<uint32_t>(std::min<uint64_t>(rem, r.mtu));
+  k.f.opcode = wr_bth_opcode(x.type, w.opcode, first, last);
+  if ((m & kWrWriteMask) && first) {
+    k.f.va = w.remote_addr;
+    k.f.rkey = w.rkey;
+    k.f.dma_len = static_cast<uint32_t>(w.length);
+  }
+  if (last && (m & kWrImmMask))
+    k.f.imm = wire::load_be32(reinterpret_cast<const uint8_t*>(&w.imm_data));
+  if (last && (m & kWrInvMask)) k.f.inv_rkey = w.invalidate_rkey;
+  if (last && (w.send_flags & kSendSolicited) && (m & kWrSolicitedMask)) k.f.se = true;
+  if (x.type == QpType::kUd) {
+    k.f.qkey = (w.remote_qkey & 0x80000000u) ? x.qp.attr().qkey : w.remote_qkey;
+    k.f.src_qp = x.qp.qpn();
+  }
+  if (x.rc) k.f.ack_req = last || r.pkts_since_ackreq + 1 >= kMaxPktsPerAck;
+}
+
+// Step 2: the header fields of w's next packet.
+void build_packet(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
+  const uint32_t m = wr_mask(x.type, w.opcode);
+  k.f.dest_qp = x.type == QpType::kUd ? w.remote_qpn : x.qp.attr().dest_qp_num;
+  // The PSN follows from the WQE's own progress, so a WQE completed by a late ACK while
+  // being re-sent cannot shift the PSNs of the ones behind it.
+  k.psn = psn_add(w.first_psn, static_cast<uint32_t>(w.offset / x.r.mtu));
+  k.f.psn = k.psn;
+  if (m & kWrReadMask) {
+    fill_read(x, w, k);
+  } else if (m & kWrAtomicMask) {
+    fill_atomic(x, w, m, k);
+  } else {
+    fill_data(x, w, m, k);
+  }
+}
+
+// Step 3: writes the packet into the thread's batch (headers, gathered payload, ICRC).
+// False (w failed) when the gather fails its local checks.
+bool emit_packet(ReqRun& x, SendWqe& w, const ReqPkt& k) {
+  Engine& e = x.e;
+  ReqState& r = x.r;
+  TxBatch& tx = x.tx;
+  const wire::Endpoint& local = x.local;
+  const wire::PacketFields& f = k.f;
+  const uint32_t plen = k.plen;
+  if (tx.full()) {
+    e.flush(tx);
+  }
+  uint8_t* buf = tx.next();
+  const size_t hl = wire::write_roce_headers(buf, f, plen);
+  if (plen > 0) {
+    WcStatus gs = gather(x.dev, x.qp, w, buf + hl, plen);
+    if (gs != WcStatus::kSuccess) {
+      w.status = gs;
+      w.state = WqeState::kError;
+      return false;
+    }
+  }
+  wire::Endpoint dst;
+  const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
+  if (x.type == QpType::kUd) {
+    dst = wire::Endpoint::v4(w.av.dest_ipv4, e.config().udp_port);
+    wire::finish_roce(buf, hl, plen, wire::meta_between(local, dst, tx.ip_id_for(dst, len)));
+  } else {
+    dst = r.dst;
+    wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
+  }
+  tx.commit(dst, len);
+  return true;
+}
+
+// Step 4: after a packet is queued — counters, PSNs, AckReq spacing, the WQE's progress.
+void advance(ReqRun& x, SendWqe& w, const ReqPkt& k) {
+  ReqState& r = x.r;
+  bump(x.c.ctr, x.e.counters(), Ctr::kSentPkts);
+  if (x.rc && psn_diff(k.psn, r.max_psn) < 0) bump(x.c.ctr, x.e.counters(), Ctr::kRetransPkts);
+  x.sent = true;
+  if (x.rc) r.pkts_since_ackreq = k.f.ack_req ? 0 : r.pkts_since_ackreq + 1;
+  r.psn = psn_add(k.psn, k.psn_used);
+  if (psn_diff(r.psn, r.max_psn) > 0) r.max_psn = r.psn;
+  w.offset += k.plen;
+  if (k.last) {
+    w.offset = w.length;
+    w.state = x.rc ? WqeState::kPending : WqeState::kDone;
+    ++r.pos;
+  }
+}
+
+// Step 5: sends the batch, arms the retransmit timer for what was sent, retires WQEs.
+void send_batch(ReqRun& x) {
+  CompState& c = x.c;
+  x.e.flush(x.tx);
+  if (x.sent && x.rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0) {
+    c.retrans_deadline_ns = wire::monotonic_ns() + c.timeout_ns;
+    x.e.arm_timer(c.retrans_deadline_ns);
+  }
+  comp_retire(x.e, x.qp);
+}
+
+}  // namespace
+
 void req_run(Engine& e, Qp& qp) {
   ReqState& r = qp.req_;
   CompState& c = qp.comp_;
@@ -176,165 +371,25 @@ void req_run(Engine& e, Qp& qp) {
   if (st != QpState::kRts && st != QpState::kSqd) return;
   if (r.rnr_wait) return;
 
-  Device& dev = e.device();
-  Ring<SendWqe>& sq = qp.sq();
-  const QpType type = qp.type();
-  const bool rc = type == QpType::kRc;
-  const QpAttr& attr = qp.attr();
-  TxBatch& tx = e.tx_batch();
   // Packets already in the thread's batch belong to an outer caller; we flush ours only.
-  bool sent = false;
-  const wire::Endpoint local = e.port().local();
-
+  ReqRun x{e, qp, r, c, e.device(), qp.type(), qp.type() == QpType::kRc, st, e.tx_batch(),
+           e.port().local()};
+  Ring<SendWqe>& sq = qp.sq();
   while (r.pos < sq.size()) {
     SendWqe& w = sq.at(r.pos);
-    if (w.state == WqeState::kError) break;  // the completer will fail the QP
-    if (w.state == WqeState::kDone || w.state == WqeState::kPending) {
+    const Pick pick = pick_wqe(x, w);
+    if (pick == Pick::kStop) break;
+    if (pick == Pick::kNext) {
       ++r.pos;
       continue;
     }
-    if (w.state == WqeState::kPosted) {
-      if (st == QpState::kSqd) break;  // SQD: no new WQE starts
-      if (is_local_op(w.opcode)) {
-        // LOCAL_INV waits for every earlier WQE to complete (rxe); BIND_MW runs in order.
-        if (w.opcode == WrOpcode::kLocalInv && r.pos != 0) break;
-        exec_local(e, qp, w);
-        if (w.state == WqeState::kError) break;
-        ++r.pos;
-        continue;
-      }
-      if (w.opcode == WrOpcode::kAtomicWrite) {
-        // ATOMIC_WRITE (and FLUSH) are not implemented: fail the WQE, nothing is sent.
-        w.status = WcStatus::kLocQpOpErr;
-        w.state = WqeState::kError;
-        break;
-      }
-      // Fence: wait until every earlier READ/ATOMIC has completed (IBA 10.8.3.3).
-      if ((w.send_flags & kSendFence) && r.rd_atomic_inflight > 0) break;
-      const bool rd_at = is_read(w.opcode) || is_atomic(w.opcode);
-      if (rd_at && r.rd_atomic_inflight >= r.max_rd_atomic) break;
-      if (rc && psn_diff(r.psn, c.psn) >= static_cast<int32_t>(kMaxUnackedPsns)) break;
-      const bool written = rd_at;  // READ data / atomic result land in the SGEs
-      WcStatus cs = check_sges(dev, qp, w, written);
-      if (cs != WcStatus::kSuccess) {
-        w.status = cs;  // S09: no packet leaves
-        w.state = WqeState::kError;
-        break;
-      }
-      uint32_t mtu = r.mtu;
-      if (type == QpType::kUd && w.length > mtu) {
-        // C10-93.1.1 / rxe: an oversized UD send completes without being transmitted.
-        w.state = WqeState::kDone;
-        ++r.pos;
-        continue;
-      }
-      w.offset = 0;
-      w.sge_index = w.sge_offset = 0;
-      // Every earlier WQE has been sent at least once: the new one starts past all of them.
-      if (psn_diff(r.max_psn, r.psn) > 0) r.psn = r.max_psn;
-      w.first_psn = r.psn;
-      uint32_t n = is_atomic(w.opcode) ? 1u : num_pkts(w.length, mtu);
-      w.last_psn = psn_add(r.psn, n - 1);
-      w.state = WqeState::kProcessing;
-      if (rd_at) ++r.rd_atomic_inflight;
-      if (!is_send(w.opcode)) bump(c.ctr, e.counters(), Ctr::kRdmaSends);
-    }
-    // kProcessing: emit the next packet.
-    if (rc && psn_diff(r.psn, c.psn) >= static_cast<int32_t>(kMaxUnackedPsns)) break;
-    if (tx.full()) {
-      e.flush(tx);
-    }
-    uint8_t* buf = tx.next();
-    wire::PacketFields f;
-    f.dest_qp = type == QpType::kUd ? w.remote_qpn : attr.dest_qp_num;
-    // The PSN follows from the WQE's own progress, so a WQE completed by a late ACK while
-    // being re-sent cannot shift the PSNs of the ones behind it.
-    const uint32_t psn = psn_add(w.first_psn, static_cast<uint32_t>(w.offset / r.mtu));
-    f.psn = psn;
-    uint32_t plen = 0;
-    bool last = true;
-    uint32_t psn_used = 1;
-    if (is_read(w.opcode)) {
-      uint64_t rem = w.length - w.offset;
-      f.opcode = op::kRcRdmaReadRequest;
-      f.va = w.remote_addr + w.offset;
-      f.rkey = w.rkey;
-      f.dma_len = static_cast<uint32_t>(rem);
-      f.ack_req = true;
-      psn_used = num_pkts(rem, r.mtu);
-    } else if (is_atomic(w.opcode)) {
-      f.opcode = w.opcode == WrOpcode::kAtomicCmpAndSwp ? op::kRcCompareSwap : op::kRcFetchAdd;
-      f.va = w.remote_addr;
-      f.rkey = w.rkey;
-      if (w.opcode == WrOpcode::kAtomicCmpAndSwp) {
-        f.swap_add = w.swap;
-        f.compare = w.compare_add;
-      } else {
-        f.swap_add = w.compare_add;
-      }
-      f.ack_req = true;
-    } else {
-      uint64_t rem = w.length - w.offset;
-      const bool first = w.offset == 0;
-      last = rem <= r.mtu;
-      plen = static_cast<uint32_t>(std::min<uint64_t>(rem, r.mtu));
-      f.opcode = data_opcode(type, w.opcode, first, last);
-      if (is_write(w.opcode) && first) {
-        f.va = w.remote_addr;
-        f.rkey = w.rkey;
-        f.dma_len = static_cast<uint32_t>(w.length);
-      }
-      if (last && has_imm(w.opcode)) {
-        f.imm = wire::load_be32(reinterpret_cast<const uint8_t*>(&w.imm_data));
-      }
-      if (last && w.opcode == WrOpcode::kSendWithInv) f.inv_rkey = w.invalidate_rkey;
-      if (last && (w.send_flags & kSendSolicited) &&
-          (is_send(w.opcode) || w.opcode == WrOpcode::kRdmaWriteWithImm))
-        f.se = true;
-      if (type == QpType::kUd) {
-        f.qkey = (w.remote_qkey & 0x80000000u) ? attr.qkey : w.remote_qkey;
-        f.src_qp = qp.qpn();
-      }
-      if (rc) f.ack_req = last || r.pkts_since_ackreq + 1 >= kMaxPktsPerAck;
-    }
-    const size_t hl = wire::write_roce_headers(buf, f, plen);
-    if (plen > 0) {
-      WcStatus gs = gather(dev, qp, w, buf + hl, plen);
-      if (gs != WcStatus::kSuccess) {
-        w.status = gs;
-        w.state = WqeState::kError;
-        break;
-      }
-    }
-    wire::Endpoint dst;
-    const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
-    if (type == QpType::kUd) {
-      dst = wire::Endpoint::v4(w.av.dest_ipv4, e.config().udp_port);
-      wire::finish_roce(buf, hl, plen, wire::meta_between(local, dst, tx.ip_id_for(dst, len)));
-    } else {
-      dst = r.dst;
-      wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
-    }
-    tx.commit(dst, len);
-    bump(c.ctr, e.counters(), Ctr::kSentPkts);
-    if (rc && psn_diff(psn, r.max_psn) < 0) bump(c.ctr, e.counters(), Ctr::kRetransPkts);
-    sent = true;
-    if (rc) r.pkts_since_ackreq = f.ack_req ? 0 : r.pkts_since_ackreq + 1;
-    r.psn = psn_add(psn, psn_used);
-    if (psn_diff(r.psn, r.max_psn) > 0) r.max_psn = r.psn;
-    w.offset += plen;
-    if (last) {
-      w.offset = w.length;
-      w.state = rc ? WqeState::kPending : WqeState::kDone;
-      ++r.pos;
-    }
+    if (window_full(x)) break;
+    ReqPkt k;
+    build_packet(x, w, k);
+    if (!emit_packet(x, w, k)) break;
+    advance(x, w, k);
   }
-  e.flush(tx);
-  if (sent && rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0) {
-    c.retrans_deadline_ns = wire::monotonic_ns() + c.timeout_ns;
-    e.arm_timer(c.retrans_deadline_ns);
-  }
-  comp_retire(e, qp);
+  send_batch(x);
 }
 
 void req_retry(Engine& e, Qp& qp) {
@@ -350,7 +405,8 @@ void req_retry(Engine& e, Qp& qp) {
     if (first_active == ~0u) first_active = i;
     // Partially acknowledged WQE: resume at its first unacknowledged PSN (rxe req_retry).
     int32_t done = psn_diff(c.psn, w.first_psn);
-    if (done > 0 && psn_diff(c.psn, w.last_psn) <= 0 && !is_atomic(w.opcode)) {
+    if (done > 0 && psn_diff(c.psn, w.last_psn) <= 0 &&
+        !(wr_mask(qp.type(), w.opcode) & kWrAtomicMask)) {
       w.offset = std::min<uint64_t>(static_cast<uint64_t>(done) * r.mtu, w.length);
     } else {
       w.offset = 0;
