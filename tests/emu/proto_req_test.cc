@@ -2,7 +2,14 @@
 // style: the device sends, a raw peer port plays the responder with hand-built ACKs, NAKs
 // and responses; timers are fired by hand (Engine::run_timers) so nothing depends on time.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "base/log.h"
 #include "emu/transport/req.h"
 #include "tests/emu/proto_util.h"
 
@@ -494,6 +501,49 @@ TEST_F(ReqTest, AtomicWriteIsNotSupported) {
   auto c = drain_cq(*s.scq);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kLocQpOpErr);
+}
+
+// At SOFTRNIC_LOG=trace the completer names every state it passes through, one line per
+// transition (emu/transport/comp.cc CompStep): an ACK, a PSN-sequence NAK and a stale ACK each
+// take their own path.
+TEST_F(ReqTest, CompleterTraceNamesItsStates) {
+  char path[] = "/tmp/proto_req_trace_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const base::LogLevel saved = base::log_level();
+  ASSERT_EQ(base::set_log_file(path), "");
+  base::set_log_level(base::LogLevel::kTrace);
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
+  ASSERT_EQ(sent().size(), 3u);
+  ack(kSpsn + 1, aeth::nak(aeth::kNakPsnSeqError));  // go back N from 501
+  ASSERT_EQ(sent().size(), 2u);
+  ack(kSpsn + 2);  // completes the WRITE
+  ack(kSpsn);      // stale: already acknowledged
+  base::set_log_level(saved);
+  base::set_log_file("");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  const std::string q = "comp qp " + std::to_string(qp->qpn());
+  auto has = [&](uint32_t psn, const char* from, const char* to) {
+    return text.find(q + " psn " + std::to_string(psn) + ": " + from + " -> " + to) !=
+           std::string::npos;
+  };
+  // The NAK: implicit acknowledgement of 500, then the go-back-N.
+  EXPECT_TRUE(has(kSpsn + 1, "CHECK_PSN", "CHECK_ACK")) << text;
+  EXPECT_TRUE(has(kSpsn + 1, "CHECK_ACK", "IMPLICIT_ACK")) << text;
+  EXPECT_TRUE(has(kSpsn + 1, "IMPLICIT_ACK", "NAK")) << text;
+  EXPECT_TRUE(has(kSpsn + 1, "NAK", "UPDATE_COMP")) << text;
+  EXPECT_TRUE(has(kSpsn + 1, "COMPLETE_WQE", "ERROR_RETRY")) << text;
+  EXPECT_TRUE(has(kSpsn + 1, "ERROR_RETRY", "DONE")) << text;
+  // The ACK: SEND/WRITE retirement, no retry.
+  EXPECT_TRUE(has(kSpsn + 2, "CHECK_ACK", "WRITE_SEND")) << text;
+  EXPECT_TRUE(has(kSpsn + 2, "COMPLETE_WQE", "DONE")) << text;
+  EXPECT_FALSE(has(kSpsn + 2, "COMPLETE_WQE", "ERROR_RETRY")) << text;
+  // The stale ACK is dropped at the PSN check.
+  EXPECT_TRUE(has(kSpsn, "CHECK_PSN", "DROP")) << text;
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
 }
 
 }  // namespace
