@@ -4,7 +4,8 @@
 // trace file) exactly as the shim does, driven by one thread: post RDMA WRITEs with a window
 // of 8, pump both receive paths until quiet, fire the earliest retransmit timer only when
 // nothing moves. The packet sequence then depends only on the plan and the seed — unlike
-// perftest over UDP, where retransmit timers race the peer and shift packet indices.
+// perftest over UDP, where retransmit timers race the peer and shift packet indices. With
+// -Dfault_injection=false it checks instead that the plan is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -142,6 +143,7 @@ RunResult run_once(const std::string& seed, const std::string& tag) {
 size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 
 TEST(TraceDeterminismTest, SamePlanAndSeedGiveTheSameTraceTwice) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   RunResult r1 = run_once("424242", "1");
   RunResult r2 = run_once("424242", "2");
   RunResult r3 = run_once("31337", "3");
@@ -174,6 +176,22 @@ TEST(TraceDeterminismTest, SamePlanAndSeedGiveTheSameTraceTwice) {
   EXPECT_EQ(r1.dup_req, r2.dup_req);
   // Another seed: another trace.
   EXPECT_NE(r1.trace_a, r3.trace_a);
+}
+
+// -Dfault_injection=false: the same options must make device services fail, never run
+// without the plan.
+TEST(TraceDeterminismTest, PlanIsRefusedWhenCompiledOut) {
+  if (wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled in";
+  wire::MemNetwork net;
+  Node a = mem_node(net, "10.9.0.1");
+  ServicesOptions so;
+  so.faults = kPlan;
+  so.fault_seed = "424242";
+  so.control = ControlMode::kOff;
+  so.warn_stderr = false;
+  std::string err;
+  EXPECT_EQ(DeviceServices::create(a.dev, so, &err), nullptr);
+  EXPECT_NE(err.find("compiled out"), std::string::npos) << err;
 }
 
 }  // namespace
