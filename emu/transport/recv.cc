@@ -60,11 +60,13 @@ bool type_matches(QpType t, uint8_t opcode) {
 // entry is the full-member default 0xFFFF.
 bool pkey_ok(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }
 
-enum class AddrCheck : uint8_t { kOk, kBadIp, kBadPort };
+enum class AddrCheck : uint8_t { kOk, kOkUnlatched, kBadIp, kBadPort };
 
 // RC/UC address binding (rxe check_addr): the packet came from the QP's peer to us. With the
 // opt-in strict source check (DeviceConfig::strict_src) the UDP source port must also match:
-// a fixed port, or the port latched from the first packet that passed the IP check.
+// a fixed port, or the port latched per QP. kOkUnlatched: latching mode and no port latched
+// yet — the packet goes on to the transport checks and latch_src() latches its port only if
+// it passed all of them (issue 10 item 4: junk from another port must not win the latch).
 // REQUIRES: one of the QP's locks (av()).
 AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
   if (qp.type() == QpType::kUd) return AddrCheck::kOk;
@@ -77,12 +79,17 @@ AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
   const uint32_t port = d.src.port;
   if (mode & Device::kStrictFixed)
     return port == (mode & 0xffffu) ? AddrCheck::kOk : AddrCheck::kBadPort;
-  // Latch: requests (receive lock) and responses (send lock) may race for the first packet.
-  const uint32_t want = 0x10000u | port;
+  const uint32_t cur = qp.comp_.src_latch.load(std::memory_order_relaxed);
+  if (cur == 0) return AddrCheck::kOkUnlatched;
+  return cur == (0x10000u | port) ? AddrCheck::kOk : AddrCheck::kBadPort;
+}
+
+// Latches d's UDP source port on qp after a packet from it passed every transport check.
+// Requests (receive lock) and responses (send lock) may race: the first accepted one wins.
+void latch_src(Qp& qp, const wire::RxDesc& d) {
   uint32_t cur = 0;
-  if (qp.comp_.src_latch.compare_exchange_strong(cur, want, std::memory_order_relaxed))
-    return AddrCheck::kOk;
-  return cur == want ? AddrCheck::kOk : AddrCheck::kBadPort;
+  (void)qp.comp_.src_latch.compare_exchange_strong(cur, 0x10000u | d.src.port,
+                                                   std::memory_order_relaxed);
 }
 
 // Counts and logs a failed address check (IP mismatch or strict source port).
@@ -196,7 +203,8 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
         return;
       }
       // 6. Address binding (RC/UC) and Q_Key (UD).
-      if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+      const AddrCheck a = addr_ok(e, *qp, d);
+      if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
         count_addr_drop(a, qc, dc, d, p);
         return;
       }
@@ -212,6 +220,7 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
                  opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
                  p.payload_len);
       out = resp_on_packet(e, *qp, p, d);
+      if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(*qp, d);
     }
     if (out == RespOutcome::kFatal) {
       // Class A/C/G/J: the responder's QP goes to ERR. Lock order is send -> receive.
@@ -225,7 +234,8 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
     RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
     return;
   }
-  if (AddrCheck a = addr_ok(e, *qp, d); a != AddrCheck::kOk) {
+  const AddrCheck a = addr_ok(e, *qp, d);
+  if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
     count_addr_drop(a, qc, dc, d, p);
     return;
   }
@@ -233,7 +243,11 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   RNIC_TRACE("rx: %s from %s to qpn 0x%x psn %u len %zu -> completer",
              opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
              p.payload_len);
+  // A response passed every completer check when it acknowledged something: the oldest
+  // unacknowledged PSN moved (comp.cc); only then may it latch the strict source port.
+  const uint32_t acked_before = qp->comp_.psn;
   comp_on_packet(e, *qp, p);
+  if (a == AddrCheck::kOkUnlatched && qp->comp_.psn != acked_before) latch_src(*qp, d);
 }
 
 }  // namespace rnic::emu

@@ -692,8 +692,8 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       case Step::kExecute: st = execute(e, qp, k); break;
       case Step::kComplete: st = complete(e, qp, k); break;
       case Step::kAcknowledge: st = acknowledge(e, qp, k); break;
-      case Step::kDone:
-        return RespOutcome::kOk;
+      case Step::kDone:  // reached only through kExecute
+        return RespOutcome::kAccepted;
       case Step::kDrop:
         // RC: only check_psn drops (PSN ahead), and it logged the line.
         if (uc) {

@@ -16,8 +16,9 @@ namespace rnic::emu {
 class Engine;
 
 enum class RespOutcome : uint8_t {
-  kOk,     // handled (executed, acknowledged, dropped or answered as a duplicate)
-  kFatal,  // the responder hit a Class A/C/G/J error: the caller must move the QP to ERR
+  kOk,        // handled without executing (dropped, NAKed, RNR, answered as a duplicate; UD)
+  kAccepted,  // RC/UC request in sequence that passed every check and was executed
+  kFatal,     // the responder hit a Class A/C/G/J error: the caller must move the QP to ERR
 };
 
 // One request packet (kReqMask opcodes) for qp, after the ingress checks. Runs in the
