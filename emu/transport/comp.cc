@@ -1,5 +1,6 @@
-// emu/transport/comp.cc: the completer — ACK/NAK/READ response/ATOMIC ACK handling, in-order
-// retirement of send WQEs, retransmit and RNR timers with retry_cnt / rnr_retry.
+// emu/transport/comp.cc: the completer — ACK/NAK/READ response/ATOMIC ACK handling as a state
+// machine with named steps (CompStep, rxe_comp.c order), in-order retirement of send WQEs,
+// retransmit and RNR timers with retry_cnt / rnr_retry.
 #include "emu/transport/comp.h"
 
 #include <algorithm>
