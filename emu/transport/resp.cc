@@ -514,6 +514,19 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
   return refuse(k, Step::kErrInvReq, "request opcode the responder does not execute");
 }
 
+// SEND_WITH_INV naming a type-2 window bound through another QP (issue 10 item 6). A type 2
+// window is associated with the QP it was bound through (IBA 10.6.7.2, bind_mw in
+// emu/objects/mw.h records it; check_remote refuses other QPs' accesses), and a remote
+// invalidation arriving on any other QP is refused like any failed invalidation (Class J,
+// docs/checks.md §2.2 row 11). rxe (rxe_invalidate_mw) checks only the key, the state and
+// the type, so on rxe any QP may invalidate it.
+bool bound_to_other_qp(Device& dev, const Qp& qp, uint32_t rkey) {
+  std::shared_ptr<Mw> mw = dev.keys().find_mw(rkey);
+  if (!mw) return false;
+  const MwView v = mw->view();
+  return v.type == MwType::kType2 && v.state == MwState::kValid && v.qpn != qp.qpn();
+}
+
 Step complete(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   Cqe c = recv_cqe(qp, WcStatus::kSuccess);
@@ -530,7 +543,11 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
   if (k.mask & wire::kIethMask) {
     // C10-44 / §2.2 row 11: invalidate after the data has landed. Failure is Class J.
     const uint32_t rkey = k.p.ieth().inv_rkey();
-    if (remote_invalidate(e.device(), qp.pd().get(), rkey)) {
+    if (bound_to_other_qp(e.device(), qp, rkey)) {
+      c.status = WcStatus::kRemInvReqErr;
+      next = refuse(k, Step::kErrInvalidate,
+                    "SEND_WITH_INV names a type-2 window bound to another QP");
+    } else if (remote_invalidate(e.device(), qp.pd().get(), rkey)) {
       c.wc_flags |= kWcWithInv;
       c.imm_data = rkey;
     } else {

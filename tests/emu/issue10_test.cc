@@ -189,5 +189,66 @@ TEST_F(Issue10Test, StrictSrcJunkFromOtherPortDoesNotLockOutPeer) {
   EXPECT_TRUE(dst_->guards_ok());
 }
 
+// Item 6: a type-2 window bound through S's QP qs2 (peer qc2) is named by a SEND_WITH_INV that
+// arrives on S's other QP qs_ (same PD): the invalidation is refused (receive WC
+// REM_INV_REQ_ERR, Class J, qs_ -> ERR) and the window stays VALID and usable through qs2.
+// The same SEND_WITH_INV on qs2 invalidates it.
+TEST_F(Issue10Test, SendWithInvalidateOnOtherQpLeavesType2WindowBound) {
+  ASSERT_NO_FATAL_FAILURE(start(2));
+  auto qc2 = c_.qp(QpType::kRc);
+  auto qs2 = s_.qp(QpType::kRc);
+  test::connect_pair(c_, qc2, s_, qs2, test::ConnOpts{});
+  test::GuardedBuf win(4096), rbuf(256);
+  auto mwin = s_.mr(win.data(), win.n, kAccessLocalWrite | kAccessRemoteWrite | kAccessMwBind);
+  auto mrb = s_.mr(rbuf.data(), rbuf.n);
+  auto mw = *s_.dev->alloc_mw(s_.pd, MwType::kType2);
+  test::Wr b = test::send_wr(WrOpcode::kBindMw, 1, {});
+  b.bind_mw.mw_rkey = mw->rkey();
+  b.bind_mw.new_rkey = (mw->rkey() & ~0xffu) | 0x5a;
+  b.bind_mw.mr_lkey = mwin->lkey();
+  b.bind_mw.addr = reinterpret_cast<uint64_t>(win.data());
+  b.bind_mw.length = 1024;
+  b.bind_mw.access = kAccessRemoteWrite;
+  ASSERT_TRUE(test::post(qs2, b).is_ok());
+  auto bc = test::poll_n(*s_.scq, 1, 5000);
+  ASSERT_EQ(bc.size(), 1u);
+  ASSERT_EQ(bc[0].status, WcStatus::kSuccess);
+  const uint32_t rk = b.bind_mw.new_rkey;
+  ASSERT_EQ(mw->view().qpn, qs2->qpn());
+
+  // SEND_WITH_INV on the other QP of the PD.
+  ASSERT_TRUE(test::post_recv(qs_, 9, {test::sge(rbuf.data(), 256, mrb)}).is_ok());
+  test::Wr si = test::send_wr(WrOpcode::kSendWithInv, 3, {test::sge(src_->data(), 100, mc_)});
+  si.invalidate_rkey = rk;
+  ASSERT_TRUE(test::post(qc_, si).is_ok());
+  auto rc = test::poll_n(*s_.rcq, 1, 5000);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].wr_id, 9u);
+  EXPECT_EQ(rc[0].status, WcStatus::kRemInvReqErr) << wc_status_name(rc[0].status);
+  EXPECT_FALSE(rc[0].wc_flags & kWcWithInv);
+  EXPECT_EQ(mw->view().state, MwState::kValid) << "another QP's SEND_WITH_INV invalidated it";
+  EXPECT_EQ(qs_->state(), QpState::kErr);
+
+  // The window still works through its own QP...
+  test::Wr w = test::send_wr(WrOpcode::kRdmaWrite, 4, {test::sge(src_->data(), 64, mc_)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(win.data());
+  w.rdma.rkey = rk;
+  ASSERT_TRUE(test::post(qc2, w).is_ok());
+  auto c = test::poll_n(*c_.scq, 2, 5000);  // the SEND_WITH_INV (success: no NAK) + WRITE
+  ASSERT_EQ(c.size(), 2u);
+  for (const Cqe& x : c) EXPECT_EQ(x.status, WcStatus::kSuccess) << x.wr_id;
+  EXPECT_EQ(0, std::memcmp(win.data(), src_->data(), 64));
+  // ...and SEND_WITH_INV on that QP invalidates it.
+  ASSERT_TRUE(test::post_recv(qs2, 10, {test::sge(rbuf.data(), 256, mrb)}).is_ok());
+  si.wr_id = 5;
+  ASSERT_TRUE(test::post(qc2, si).is_ok());
+  rc = test::poll_n(*s_.rcq, 1, 5000);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess) << wc_status_name(rc[0].status);
+  EXPECT_TRUE(rc[0].wc_flags & kWcWithInv);
+  EXPECT_EQ(mw->view().state, MwState::kFree);
+  EXPECT_TRUE(win.guards_ok());
+}
+
 }  // namespace
 }  // namespace rnic::emu
