@@ -449,30 +449,77 @@ bool icrc_check(const IpUdpMeta& meta, std::span<const uint8_t> r) {
          load_le32(r.data() + r.size() - kIcrcBytes);
 }
 
-std::optional<uint16_t> icrc_solve_ip_id(const IpUdpMeta& meta, std::span<const uint8_t> r) {
-  if (r.size() < kBthBytes + kIcrcBytes || meta.ipv6) {
-    if (r.size() >= kBthBytes + kIcrcBytes && icrc_check(meta, r)) return uint16_t{0};
-    return std::nullopt;
+namespace {
+
+// ---- The ICRC as an affine function of the IPv4 ID (docs/wire.md §3) ----
+// For two pseudo packets of one length, crc(A) ^ crc(B) is the raw CRC register (start 0, no
+// final inversion) of A ^ B. Changing only the ID (bytes 4..5 of the IPv4 header) therefore
+// changes the ICRC by L(id) = raw(id bytes) * x^(8 * n_after) mod P, where n_after counts the
+// pseudo-packet bytes behind the ID field. L is linear in the 16 ID bits, so one CRC pass over
+// the packet (with ID 0) answers every candidate ID.
+
+constexpr uint32_t kPolyRefl = 0xEDB88320u;
+
+// a * b mod P over GF(2), both in the reflected representation (bit 31 is x^0).
+constexpr uint32_t gf2_mulmod(uint32_t a, uint32_t b) {
+  uint32_t p = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) p ^= b;
+    b = (b & 1u) ? (b >> 1) ^ kPolyRefl : b >> 1;
   }
-  auto body = r.first(r.size() - kIcrcBytes);
-  uint32_t want = load_le32(r.data() + r.size() - kIcrcBytes);
-  IpUdpMeta m = meta;
-  m.ip_id = meta.ip_id;
-  if (icrc_compute(m, body) == want) return meta.ip_id;
-  // crc(id) = c0 ^ XOR_{bit i set in id} delta[i]  (CRC is affine over GF(2) at fixed length).
-  m.ip_id = 0;
-  uint32_t c0 = icrc_compute(m, body);
-  uint32_t delta[16];
-  for (int i = 0; i < 16; ++i) {
-    m.ip_id = static_cast<uint16_t>(1u << i);
-    delta[i] = icrc_compute(m, body) ^ c0;
+  return p;
+}
+
+// kPow8[j] = x^(8 * 2^j) mod P (reflected).
+constexpr std::array<uint32_t, 32> make_pow8() {
+  std::array<uint32_t, 32> t{};
+  t[0] = 1u << (31 - 8);  // x^8
+  for (size_t j = 1; j < t.size(); ++j) t[j] = gf2_mulmod(t[j - 1], t[j - 1]);
+  return t;
+}
+constexpr std::array<uint32_t, 32> kPow8 = make_pow8();
+
+// x^(8n) mod P: the effect of appending n zero bytes to a raw CRC register.
+uint32_t zeros_operator(uint64_t n) {
+  uint32_t r = 1u << 31;  // x^0
+  for (size_t j = 0; n != 0 && j < kPow8.size(); ++j, n >>= 1)
+    if (n & 1u) r = gf2_mulmod(r, kPow8[j]);
+  return r;
+}
+
+// Raw CRC register after the two big-endian ID bytes of `id` from register 0.
+uint32_t raw_id_register(uint16_t id) {
+  const uint8_t b[2] = {static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
+  return ~crc32_update(Crc32Impl::kSlice8, 0xFFFFFFFFu, std::span<const uint8_t>(b, 2));
+}
+
+// The ICRC difference of each ID bit for a RoCE body (without ICRC) of body_len bytes behind
+// an option-less IPv4 header: 14 header bytes after the ID field, the UDP header, the body.
+struct IdBasis {
+  uint32_t bit[16];
+  uint32_t of(uint16_t id) const {
+    uint32_t d = 0;
+    for (int i = 0; i < 16; ++i)
+      if (id & (1u << i)) d ^= bit[i];
+    return d;
   }
-  uint32_t rhs = want ^ c0;
-  // Rows: one equation per CRC bit j: sum_i delta[i]_j * x_i = rhs_j. Row = 16 coeff bits + rhs.
+};
+IdBasis id_basis(size_t body_len) {
+  const uint32_t shift = zeros_operator(uint64_t{kIpv4HdrBytes - 6} + kUdpHdrBytes + body_len);
+  IdBasis b;
+  for (int i = 0; i < 16; ++i)
+    b.bit[i] = gf2_mulmod(raw_id_register(static_cast<uint16_t>(1u << i)), shift);
+  return b;
+}
+
+// The one ID with basis.of(id) == rhs, or nullopt (none; a CRC-32 makes the 16 columns
+// independent, so there is never more than one, which the rank check confirms).
+std::optional<uint16_t> solve_id(const IdBasis& basis, uint32_t rhs) {
+  // One equation per CRC bit j: sum_i bit[i]_j * x_i = rhs_j. Row = 16 coefficients + rhs.
   uint32_t rows[32];
   for (int j = 0; j < 32; ++j) {
     uint32_t row = 0;
-    for (int i = 0; i < 16; ++i) row |= ((delta[i] >> j) & 1u) << i;
+    for (int i = 0; i < 16; ++i) row |= ((basis.bit[i] >> j) & 1u) << i;
     rows[j] = row | (((rhs >> j) & 1u) << 16);
   }
   int rank = 0;
@@ -496,12 +543,51 @@ std::optional<uint16_t> icrc_solve_ip_id(const IpUdpMeta& meta, std::span<const 
   for (int j = rank; j < 32; ++j) {
     if (rows[j] & (1u << 16)) return std::nullopt;  // inconsistent: no ID matches
   }
-  if (rank != 16) return std::nullopt;  // not unique (cannot happen for CRC-32, kept for safety)
+  if (rank != 16) return std::nullopt;  // more than one solution: refuse
   uint16_t id = 0;
   for (int k = 0; k < rank; ++k) {
     if (rows[k] & (1u << 16)) id = static_cast<uint16_t>(id | (1u << pivot_col[k]));
   }
   return id;
+}
+
+}  // namespace
+
+const char* icrc_match_name(IcrcMatch m) {
+  switch (m) {
+    case IcrcMatch::kNone: return "none";
+    case IcrcMatch::kIdZero: return "id_zero";
+    case IcrcMatch::kIdHint: return "id_hint";
+    case IcrcMatch::kIdSolved: return "id_solved";
+  }
+  return "?";
+}
+
+uint32_t icrc_id_delta(size_t body_len, uint16_t id) { return id_basis(body_len).of(id); }
+
+IcrcVerdict icrc_verify_rx(const IpUdpMeta& meta, std::span<const uint8_t> r,
+                           std::optional<uint16_t> hint, bool solve) {
+  if (r.size() < kBthBytes + kIcrcBytes) return {};
+  auto body = r.first(r.size() - kIcrcBytes);
+  const uint32_t want = load_le32(r.data() + r.size() - kIcrcBytes);
+  IpUdpMeta m = meta;
+  m.ip_id = 0;
+  const uint32_t c0 = icrc_compute(m, body);  // the one pass over the packet
+  if (c0 == want) return {IcrcMatch::kIdZero, 0};
+  if (meta.ipv6) return {};  // no ID to vary
+  if (!(hint && *hint != 0) && !solve) return {};
+  const IdBasis basis = id_basis(body.size());
+  if (hint && *hint != 0 && (c0 ^ basis.of(*hint)) == want) return {IcrcMatch::kIdHint, *hint};
+  if (!solve) return {};
+  if (std::optional<uint16_t> id = solve_id(basis, want ^ c0))
+    return {IcrcMatch::kIdSolved, *id};
+  return {};
+}
+
+std::optional<uint16_t> icrc_solve_ip_id(const IpUdpMeta& meta, std::span<const uint8_t> r) {
+  IcrcVerdict v = icrc_verify_rx(meta, r, meta.ip_id, true);
+  if (v.match == IcrcMatch::kNone) return std::nullopt;
+  return v.ip_id;
 }
 
 }  // namespace rnic::wire

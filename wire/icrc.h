@@ -61,13 +61,33 @@ uint32_t icrc_compute(const IpUdpMeta& meta, std::span<const uint8_t> roce);
 // roce_with_icrc: BTH .. pad .. ICRC (a UDP payload as received). False if < BTH+ICRC bytes.
 bool icrc_check(const IpUdpMeta& meta, std::span<const uint8_t> roce_with_icrc);
 
-// IP-ID policy for received IPv4 packets (the socket does not show the ID): verify with
-// meta.ip_id first (normally 0, which is what Linux peers send with DF on an unconnected
-// socket, and what hardware RNICs observed in the golden captures send). If that fails, the
-// CRC is affine in the 16 ID bits, so solve the 32x16 GF(2) system for the ID that makes the
-// ICRC match. Returns that ID if exactly one exists, std::nullopt otherwise (corrupt packet).
-// A match by solving accepts a random corruption with probability ~2^-16, so the receive path
-// should only use this for peers known to set IDs. IPv6 has no ID: returns nullopt on failure.
+// ---- The receive-side IP-ID policy (docs/wire.md §3) ----
+// A UDP socket does not show the IPv4 ID, which the ICRC covers; peers choose it (Linux with
+// DF on an unconnected socket: 0; GSO segment k: k; hardware: incrementing, random or 0). The
+// CRC is affine in the 16 ID bits, so after ONE pass over the packet (with ID 0) any candidate
+// ID is checked, and the one ID that matches (if any) is solved for, in O(1).
+enum class IcrcMatch : uint8_t {
+  kNone,      // no ID makes the ICRC verify (or too short): corrupt, drop it
+  kIdZero,    // verifies with ID 0 (IPv6: as given, there is no ID)
+  kIdHint,    // verifies with the receive path's inferred ID (GRO segment k: base + k)
+  kIdSolved,  // verifies with exactly one other ID, solved for (a peer choosing its own IDs)
+};
+const char* icrc_match_name(IcrcMatch m);
+struct IcrcVerdict {
+  IcrcMatch match = IcrcMatch::kNone;
+  uint16_t ip_id = 0;  // the ID it verified with
+};
+// meta.ip_id is ignored. Tries ID 0, then `hint` (when set and non-zero), then (solve) solves
+// the 32x16 GF(2) system, accepting exactly one solution. The residual risk of solving: a
+// corrupted packet passes when the system happens to be consistent, probability ~2^-16 per
+// corrupted packet (against ~2^-32 for a fixed ID); docs/wire.md §3 states why that is kept.
+IcrcVerdict icrc_verify_rx(const IpUdpMeta& meta, std::span<const uint8_t> roce_with_icrc,
+                           std::optional<uint16_t> hint, bool solve = true);
+// ICRC(id) ^ ICRC(0) for a RoCE body (BTH .. pad, no ICRC) of body_len bytes behind an
+// option-less IPv4 header (linear in id; exposed for tests).
+uint32_t icrc_id_delta(size_t body_len, uint16_t id);
+// icrc_verify_rx(meta, roce, meta.ip_id, true): the ID it verified with, or nullopt. IPv6:
+// 0 when it verifies, else nullopt.
 std::optional<uint16_t> icrc_solve_ip_id(const IpUdpMeta& meta,
                                          std::span<const uint8_t> roce_with_icrc);
 

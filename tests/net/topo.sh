@@ -1,0 +1,101 @@
+# tests/net/topo.sh: a test topology of N network namespaces ("hosts") on one Linux bridge, shared
+# by the tests in tests/net and by benchmarks. Source it, then:
+#   topo_require                      exit 77 (a meson skip) with the reason unless root + ip netns
+#   topo_up N [--mtu M] [--tso on|off] [--gso on|off] [--gro on|off]
+#                                     create hosts 1..N: namespace $(topo_ns i), interface eth0
+#                                     with $(topo_ip i)/24 (10.<net>.0.i), MTU M (1500), offloads
+#                                     set on BOTH ends of every veth (--tso: tx-udp-segmentation)
+#   topo_exec i CMD [ARGS...]         run CMD in host i's namespace
+#   topo_ip i / topo_ns i             host i's address / namespace name
+#   TOPO_BRIDGE                       the bridge (capture on it: tshark -i "$TOPO_BRIDGE")
+#   topo_down                         delete everything (installed as an EXIT trap by topo_up;
+#                                     a caller with its own EXIT trap calls topo_down from it)
+# Names carry the creating shell's pid ($$) so parallel runs cannot collide: namespaces
+# srn<pid>h<i>, bridge srn<pid>b, host-side veth ends srn<pid>v<i> (<= 15 characters).
+
+TOPO_TAG="srn$$"
+TOPO_BRIDGE="${TOPO_TAG}b"
+TOPO_N=0
+TOPO_NET="${TOPO_NET:-10.$(( ($$ % 200) + 20 )).0}"
+
+topo_skip() { echo "SKIP $(basename "$0"): $*"; exit 77; }
+
+topo_require() {
+  [ "$(id -u)" = 0 ] || topo_skip "needs root to create network namespaces (running as uid $(id -u))"
+  command -v ip >/dev/null || topo_skip "iproute2 'ip' is not installed"
+  command -v ethtool >/dev/null || topo_skip "ethtool is not installed"
+  ip netns list >/dev/null 2>&1 || topo_skip "'ip netns' does not work here"
+  local probe="${TOPO_TAG}probe"
+  ip netns add "$probe" 2>/dev/null || topo_skip "cannot create a network namespace (ip netns add failed)"
+  ip netns del "$probe" 2>/dev/null
+  ip link add "${TOPO_TAG}pb" type bridge 2>/dev/null || topo_skip "cannot create a Linux bridge"
+  ip link del "${TOPO_TAG}pb" 2>/dev/null
+  return 0
+}
+
+topo_ns() { echo "${TOPO_TAG}h$1"; }
+topo_ip() { echo "${TOPO_NET}.$1"; }
+topo_exec() { local i="$1"; shift; ip netns exec "$(topo_ns "$i")" "$@"; }
+
+topo_down() {
+  local i
+  for ((i = 1; i <= TOPO_N; i++)); do
+    ip link del "${TOPO_TAG}v$i" 2>/dev/null
+    ip netns del "$(topo_ns "$i")" 2>/dev/null
+  done
+  ip link del "$TOPO_BRIDGE" 2>/dev/null
+  TOPO_N=0
+  return 0
+}
+
+# Sets the UDP segmentation / GSO / GRO offloads of one interface (run in its namespace).
+topo_offloads() {
+  local dev="$1" tso="$2" gso="$3" gro="$4"
+  ethtool -K "$dev" tx-udp-segmentation "$tso" >/dev/null 2>&1 || true
+  ethtool -K "$dev" gso "$gso" gro "$gro" >/dev/null 2>&1 || true
+}
+
+topo_up() {
+  local n="$1"; shift
+  local mtu=1500 tso=off gso=on gro=on
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --mtu) mtu="$2"; shift 2 ;;
+      --tso) tso="$2"; shift 2 ;;
+      --gso) gso="$2"; shift 2 ;;
+      --gro) gro="$2"; shift 2 ;;
+      *) echo "topo_up: unknown option $1" >&2; return 2 ;;
+    esac
+  done
+  trap topo_down EXIT
+  ip link add "$TOPO_BRIDGE" type bridge || return 1
+  ip link set "$TOPO_BRIDGE" mtu "$mtu" up || return 1
+  local i ns hv
+  for ((i = 1; i <= n; i++)); do
+    ns="$(topo_ns "$i")"
+    hv="${TOPO_TAG}v$i"
+    ip netns add "$ns" || return 1
+    TOPO_N=$i
+    ip link add "$hv" mtu "$mtu" type veth peer name eth0 netns "$ns" mtu "$mtu" || return 1
+    ip link set "$hv" master "$TOPO_BRIDGE" up || return 1
+    topo_offloads "$hv" "$tso" "$gso" "$gro"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$(topo_ip "$i")/24" dev eth0 || return 1
+    ip -n "$ns" link set eth0 up || return 1
+    ip netns exec "$ns" bash -c "$(declare -f topo_offloads); topo_offloads eth0 $tso $gso $gro"
+  done
+  # The bridge forwards at once (no STP, no learning delay on new ports).
+  ip link set "$TOPO_BRIDGE" type bridge stp_state 0 forward_delay 0 2>/dev/null || true
+  # Wait (bounded) until every host reaches host 1.
+  for ((i = 2; i <= n; i++)); do
+    local ok=0 _
+    for _ in $(seq 1 50); do
+      # No ping here: a TCP connect to a closed port answers "refused" once the path works.
+      if topo_exec "$i" timeout 1 bash -c "exec 3<>/dev/tcp/$(topo_ip 1)/9" 2>&1 |
+          grep -q refused; then ok=1; break; fi
+      sleep 0.1
+    done
+    [ "$ok" = 1 ] || { echo "topo_up: host $i cannot reach $(topo_ip 1)" >&2; return 1; }
+  done
+  return 0
+}
