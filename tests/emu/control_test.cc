@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -31,6 +32,13 @@ namespace fs = std::filesystem;
 class FakeTarget : public ControlTarget {
  public:
   explicit FakeTarget(std::string name = "fake0") : name_(std::move(name)) {}
+  // Set by the fixture's start(): stops (joins) the server threads before the target they
+  // serve goes. The fixture's servers_ outlive the test body's targets, and TSan reported the
+  // server thread's fault_add racing with ~FakeTarget (no join in between).
+  std::function<void()> before_destroy;
+  ~FakeTarget() {
+    if (before_destroy) before_destroy();
+  }
   std::string device_name() const override { return name_; }
   std::string fault_add(std::string_view plan) override { return eng_.add_rules(plan, "control"); }
   std::vector<FaultRuleInfo> fault_list() override {
@@ -213,6 +221,7 @@ class ControlSocketTest : public ::testing::Test {
     if (thread) {
       EXPECT_EQ(s->start_thread(), "");
     }
+    t->before_destroy = [this] { servers_.clear(); };
     servers_.push_back(std::move(s));
     return servers_.back().get();
   }
