@@ -46,6 +46,22 @@ struct RespRes {
   uint32_t length = 0;    // READ: original DMA length
   uint64_t orig = 0;      // ATOMIC: value returned (replayed, never re-executed)
   uint32_t msn = 0;       // MSN carried by the original answer
+  // Packets duplicates of this request may still cause (resp.cc kReplayFactor x the
+  // original's packets): a flood of duplicates is bounded, never amplified without limit.
+  uint32_t replay_budget = 0;
+};
+
+// A duplicate READ being answered in slices (resp.cc): responses for [va, va+len) at PSNs
+// psn, psn+1, ...; `next` of `n` packets sent so far.
+struct ReadReplay {
+  bool active = false;
+  bool listed = false;     // QP is in the engine's replay list
+  uint32_t res = 0;        // index of the responder resource
+  uint32_t psn = 0;
+  uint64_t va = 0;
+  uint32_t len = 0;
+  uint32_t next = 0;
+  uint32_t n = 0;
 };
 
 // Responder state (resp.cc). Guarded by the QP receive lock.
@@ -79,6 +95,7 @@ struct RespState {
   // Responder resources: ring of max_dest_rd_atomic slots.
   std::vector<RespRes> res;
   uint32_t res_next = 0;
+  ReadReplay replay;
   uint32_t max_dest_rd_atomic = 0;
   wire::Endpoint dst;            // RC: where ACKs and responses go (the QP's AV)
   wire::IpUdpMeta meta;

@@ -116,6 +116,8 @@ Status Engine::init() {
   rx_tx_ = std::make_unique<TxBatch>();
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
   ack_qps_.reserve(kMaxDeferredAcks);
+  replay_qps_.reserve(kMaxDeferredAcks);
+  replay_scan_.reserve(kMaxDeferredAcks);
   scan_.reserve(64);
   return Status::ok();
 }
@@ -244,7 +246,13 @@ int Engine::drain_locked(int budget) {
   if (faults) drain_fault_rx_locked();
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
-    if (n <= 0) break;
+    if (n <= 0) {
+      if (replay_qps_.empty()) break;
+      // Nothing received: the next slice of each READ replay, then look again.
+      run_replays_locked();
+      flush(*rx_tx_);
+      continue;
+    }
     for (int i = 0; i < n; ++i) {
       const wire::RxDesc& d = rx_descs_[i];
       if (d.truncated) {
@@ -258,6 +266,7 @@ int Engine::drain_locked(int budget) {
     total += n;
     if (faults) drain_fault_rx_locked();
     flush_acks_locked();
+    run_replays_locked();
     flush(*rx_tx_);
     events.release();
   }
@@ -272,6 +281,26 @@ void Engine::flush_acks_locked() {
     resp_flush_ack(*this, *qp);
   }
   ack_qps_.clear();
+}
+
+// One slice of every READ replay in progress; QPs with more to send stay listed.
+void Engine::run_replays_locked() {
+  replay_scan_.swap(replay_qps_);
+  for (auto& qp : replay_scan_) {
+    ReplayResult r;
+    {
+      std::lock_guard lk(qp->recv_mutex());
+      r = resp_replay_slice(*this, *qp);
+    }
+    if (r == ReplayResult::kMore) {
+      replay_qps_.push_back(qp);
+    } else if (r == ReplayResult::kFatal) {
+      // As recv.cc for a fatal responder outcome (lock order send -> receive).
+      std::scoped_lock lk(qp->send_mutex(), qp->recv_mutex());
+      if (!qp->comp_.dead && qp->state() != QpState::kErr) qp->enter_error_locked(false);
+    }
+  }
+  replay_scan_.clear();
 }
 
 void Engine::drain_fault_rx_locked() {
@@ -412,6 +441,7 @@ void reset_transport(Qp& qp) {
   s.recv_offset = 0;
   s.res.clear();
   s.res_next = 0;
+  s.replay.active = false;  // `listed` stays: the engine's replay list drops it (resp.cc)
   CompState& c = qp.comp_;
   c.psn = 0;
   c.retrans_deadline_ns = c.rnr_deadline_ns = 0;

@@ -206,6 +206,15 @@ class Engine final : public TransportHooks {
     ack_qps_.push_back(qp.shared_from_this());
     return true;
   }
+  // Duplicate READ replay in slices (resp.cc): remember qp so that each further receive
+  // round sends its next slice (round-robin with other QPs, interleaved with receiving).
+  // false if the list is full (the caller finishes the replay at once). REQUIRES: receive
+  // context.
+  bool list_replay(Qp& qp) {
+    if (replay_qps_.size() >= kMaxDeferredAcks) return false;
+    replay_qps_.push_back(qp.shared_from_this());
+    return true;
+  }
 
  private:
   Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
@@ -236,6 +245,9 @@ class Engine final : public TransportHooks {
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
   void flush_acks_locked();
+  std::vector<std::shared_ptr<Qp>> replay_qps_;  // QPs with a READ replay in progress
+  std::vector<std::shared_ptr<Qp>> replay_scan_;
+  void run_replays_locked();
 
   // timers
   std::mutex timer_mu_;

@@ -167,15 +167,16 @@ void send_nak(Engine& e, Qp& qp, uint8_t code, uint32_t psn) {
   send_ack(e, qp, aeth::nak(code), psn);
 }
 
-// READ responses for [va, va+len) starting at psn, one per PSN, rkey re-validated for every
-// packet (rxe_recheck_mr; S19). On failure *fail_psn is the PSN that could not be answered.
-bool send_read_responses(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va,
-                         uint32_t len, uint32_t msn, uint32_t* fail_psn) {
+// Packets [from, to) of the READ responses for [va, va+len) starting at psn, one per PSN,
+// rkey re-validated for every packet (rxe_recheck_mr; S19). On failure *fail_psn is the PSN
+// that could not be answered.
+bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va, uint32_t len,
+                     uint32_t msn, uint32_t from, uint32_t to, uint32_t* fail_psn) {
   RespState& s = qp.resp_;
   Device& dev = e.device();
   const uint32_t mtu = s.mtu;
   const uint32_t n = num_pkts(len, mtu);
-  for (uint32_t i = 0; i < n; ++i) {
+  for (uint32_t i = from; i < to && i < n; ++i) {
     const uint32_t plen = std::min<uint32_t>(mtu, len - i * mtu);
     wire::PacketFields f;
     f.opcode = n == 1            ? op::kRcRdmaReadResponseOnly
@@ -201,6 +202,80 @@ bool send_read_responses(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_
     }
   }
   return true;
+}
+
+// All READ responses for [va, va+len) starting at psn (a new READ: executed inline).
+bool send_read_responses(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va,
+                         uint32_t len, uint32_t msn, uint32_t* fail_psn) {
+  return send_read_range(e, qp, rkey, psn, va, len, msn, 0, num_pkts(len, qp.resp_.mtu),
+                         fail_psn);
+}
+
+// Duplicate READ / ATOMIC replay limits (issue 10 item 5). A duplicate READ is answered only
+// from a saved responder resource (IBA 9.7.5.1.x, C9-105 .. C9-112: max_dest_rd_atomic of
+// them), in slices of kReplaySlice packets per receive round, round-robin with the other QPs
+// that replay (Engine::run_replays_locked), so one QP's replay cannot hold the receive
+// thread. A newer duplicate supersedes the replay in progress (the requester restarted).
+// Each resource may cause at most kReplayFactor times its own packets in replays: a
+// requester retries a READ at most retry_cnt (<= 7) times, plus the original; beyond that
+// a duplicate is dropped (counted as duplicate_request).
+constexpr uint32_t kReplaySlice = 16;
+constexpr uint32_t kReplayFactor = 8;
+
+// One slice of s.replay. from_engine: called by the engine's replay round (it alone clears
+// `listed`, so the QP is in its list at most once).
+ReplayResult replay_slice(Engine& e, Qp& qp, bool from_engine) {
+  RespState& s = qp.resp_;
+  ReadReplay& rp = s.replay;
+  auto done = [&]() {
+    rp.active = false;
+    if (from_engine) rp.listed = false;
+    return ReplayResult::kDone;
+  };
+  if (!rp.active || !s.ready || qp.comp_.dead || rp.res >= s.res.size()) return done();
+  RespRes& r = s.res[rp.res];
+  uint32_t to = std::min(rp.n, rp.next + kReplaySlice);
+  to = std::min(to, rp.next + r.replay_budget);
+  if (to == rp.next) {
+    RNIC_LOG_RL(kWarn, "dup: READ replay budget exhausted on qpn 0x%x at psn %u: rest dropped",
+                qp.qpn(), psn_add(rp.psn, rp.next));
+    return done();
+  }
+  uint32_t fail_psn = 0;
+  const bool ok = send_read_range(e, qp, r.rkey, rp.psn, rp.va, rp.len, r.msn, rp.next, to,
+                                  &fail_psn);
+  r.replay_budget -= to - rp.next;
+  rp.next = to;
+  if (!ok) {
+    send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
+    RNIC_LOG_RL(kWarn, "nak: duplicate READ replay failed its rkey re-check on qpn 0x%x psn %u",
+                qp.qpn(), fail_psn);
+    done();
+    return ReplayResult::kFatal;
+  }
+  if (rp.next == rp.n) return done();
+  if (!rp.listed && !from_engine) {
+    if (!e.list_replay(qp)) {
+      // Replay list full: finish here (still bounded by the resource's budget).
+      while (rp.active) {
+        const ReplayResult x = replay_slice(e, qp, true);
+        if (x != ReplayResult::kMore) return x;
+      }
+      return ReplayResult::kDone;
+    }
+    rp.listed = true;
+  }
+  return ReplayResult::kMore;
+}
+
+// A packet other than a duplicate READ on a QP with a replay in progress: the replay's
+// remaining responses go first (PSN order; bounded by the resource's budget).
+ReplayResult finish_replay(Engine& e, Qp& qp) {
+  while (qp.resp_.replay.active) {
+    const ReplayResult x = replay_slice(e, qp, false);
+    if (x != ReplayResult::kMore) return x;
+  }
+  return ReplayResult::kDone;
 }
 
 void send_atomic_ack(Engine& e, Qp& qp, uint32_t psn, uint64_t orig, uint32_t msn) {
@@ -476,6 +551,7 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     r.va = reth.va();
     r.rkey = reth.rkey();
     r.length = reth.dma_len();
+    r.replay_budget = kReplayFactor * num_pkts(r.length, s.mtu);
     s.msn = psn_add(s.msn, 1);  // C9-148: MSN counts the READ when it starts
     r.msn = s.msn;
     s.epsn = psn_add(r.last_psn, 1);
@@ -504,6 +580,7 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     r.kind = RespRes::kAtomic;
     r.first_psn = r.last_psn = k.psn;
     r.orig = orig;
+    r.replay_budget = kReplayFactor;
     s.msn = psn_add(s.msn, 1);
     r.msn = s.msn;
     s.epsn = psn_add(k.psn, 1);
@@ -589,10 +666,17 @@ bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
       send_ack(e, qp, aeth::ack(aeth::kCreditInvalid), psn_add(s.epsn, wire::kPsnMask));
     return false;
   }
-  for (RespRes& r : s.res) {
+  for (uint32_t idx = 0; idx < s.res.size(); ++idx) {
+    RespRes& r = s.res[idx];
     if (r.kind == RespRes::kFree) continue;
     if (psn_diff(k.psn, r.first_psn) < 0 || psn_diff(k.psn, r.last_psn) > 0) continue;
+    if (r.replay_budget == 0 && (k.mask & (wire::kAtomicMask | wire::kReadMask))) {
+      RESP_LOG("drop", "duplicate READ/ATOMIC beyond the resource's replay budget",
+               Ctr::kDuplicateRequest, qp, k);
+      return false;
+    }
     if ((k.mask & wire::kAtomicMask) && r.kind == RespRes::kAtomic && k.psn == r.first_psn) {
+      --r.replay_budget;
       send_atomic_ack(e, qp, r.first_psn, r.orig, r.msn);  // never re-executed
       return false;
     }
@@ -607,15 +691,17 @@ bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
                  qp, k);
         return false;
       }
-      uint32_t fail_psn = 0;
-      if (!send_read_responses(e, qp, r.rkey, k.psn, va, static_cast<uint32_t>(len), r.msn,
-                               &fail_psn)) {
-        send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
-        RESP_LOG("nak", "duplicate READ replay failed its rkey re-check", Ctr::kRemAccessNakSent,
-                 qp, k);
-        return true;
-      }
-      return false;
+      // Supersedes a replay in progress; the first slice goes now, the rest from the
+      // engine's replay rounds.
+      ReadReplay& rp = s.replay;
+      rp.active = true;
+      rp.res = idx;
+      rp.psn = k.psn;
+      rp.va = va;
+      rp.len = static_cast<uint32_t>(len);
+      rp.next = 0;
+      rp.n = num_pkts(rp.len, s.mtu);
+      return replay_slice(e, qp, false) == ReplayResult::kFatal;
     }
   }
   // No matching resource: Class D, silent drop.
@@ -677,6 +763,8 @@ void resp_flush_ack(Engine& e, Qp& qp) {
   emit_pending_ack(e, qp);
 }
 
+ReplayResult resp_replay_slice(Engine& e, Qp& qp) { return replay_slice(e, qp, true); }
+
 void resp_flush_held(Qp& qp) {
   RespState& s = qp.resp_;
   if (s.have_wqe) complete_held_error(qp, WcStatus::kWrFlushErr);
@@ -693,6 +781,10 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
     return RespOutcome::kOk;
   }
   if (qp.type() == QpType::kUd) return ud_recv(e, qp, k);
+  if (s.replay.active &&
+      !((k.mask & wire::kReadMask) && psn_diff(k.psn, s.epsn) < 0) &&
+      finish_replay(e, qp) == ReplayResult::kFatal)
+    return RespOutcome::kFatal;
 
   const bool uc = qp.type() == QpType::kUc;
   Step st = Step::kCheckPsn;

@@ -30,6 +30,17 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
 // at the end of each receive batch. REQUIRES: receive lock; receive context.
 void resp_flush_ack(Engine& e, Qp& qp);
 
+enum class ReplayResult : uint8_t {
+  kDone,   // no replay in progress any more: qp leaves the engine's replay list
+  kMore,   // more slices to send
+  kFatal,  // a response failed its rkey re-check: NAK sent, the caller moves the QP to ERR
+};
+
+// Sends the next slice (at most kReplaySlice packets, resp.cc) of the duplicate READ replay
+// qp has in progress. Called by the engine once per receive round for each listed QP.
+// REQUIRES: receive lock; receive context.
+ReplayResult resp_replay_slice(Engine& e, Qp& qp);
+
 // Completes a receive WQE the responder holds (a message in progress) with WR_FLUSH_ERR
 // and resets the message state. Called on the transition to ERR, before emu flushes the
 // rest of the RQ. REQUIRES: receive lock.

@@ -250,5 +250,93 @@ TEST_F(Issue10Test, SendWithInvalidateOnOtherQpLeavesType2WindowBound) {
   EXPECT_TRUE(win.guards_ok());
 }
 
+// Item 5: forged duplicates of a genuine 16 MiB READ (4096 responses at MTU 4096) from a
+// second socket on C's IP. (a) 12 back to back: while S answers them, a WRITE on another QP
+// pair completes within 200 ms (the old code replayed each in full, inline on the receive
+// thread: 192 MiB before the WRITE's packet was read). (b) 12 more, each after the previous
+// replay went quiet: all replays together stay within the spec-derived budget of 8x the
+// READ's packets (retry_cnt <= 7 retries + the original); the old code sent 4096 per
+// duplicate (98304 in all). The connection still works afterwards.
+TEST_F(Issue10Test, DuplicateReadFloodIsBoundedAndDoesNotStarveOtherQps) {
+  test::ConnOpts o;
+  o.mtu = Mtu::k4096;
+  ASSERT_NO_FATAL_FAILURE(start(3, o));
+  auto qc2 = c_.qp(QpType::kRc);
+  auto qs2 = s_.qp(QpType::kRc);
+  test::connect_pair(c_, qc2, s_, qs2, o);
+  constexpr uint32_t kBig = 16u << 20;
+  constexpr uint32_t kPkts = kBig / 4096;
+  test::GuardedBuf big(kBig), local(kBig);
+  big.pattern(9);
+  auto mbig = s_.mr(big.data(), kBig);
+  auto mloc = c_.mr(local.data(), kBig);
+  test::Wr rd = test::send_wr(WrOpcode::kRdmaRead, 1, {test::sge(local.data(), kBig, mloc)});
+  rd.rdma.remote_addr = reinterpret_cast<uint64_t>(big.data());
+  rd.rdma.rkey = mbig->rkey();
+  ASSERT_TRUE(test::post(qc_, rd).is_ok());
+  auto c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_EQ(c[0].status, WcStatus::kSuccess);
+  ASSERT_EQ(0, std::memcmp(local.data(), big.data(), kBig));
+  const uint64_t sent0 = qctr(qs_, Ctr::kSentPkts);
+
+  wire::PacketFields dup;
+  dup.opcode = wire::op::kRcRdmaReadRequest;
+  dup.dest_qp = qs_->qpn();
+  dup.psn = kPsn;
+  dup.ack_req = true;
+  dup.va = reinterpret_cast<uint64_t>(big.data());
+  dup.rkey = mbig->rkey();
+  dup.dma_len = kBig;
+  Attacker a(c_ip_);
+  // (a) a burst, and another QP's WRITE right behind it.
+  std::vector<wire::PacketFields> burst(12, dup);
+  a.send_many(s_ip_, burst);
+  auto t0 = std::chrono::steady_clock::now();
+  test::Wr w = test::send_wr(WrOpcode::kRdmaWrite, 2, {test::sge(src_->data(), 64, mc_)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(dst_->data());
+  w.rdma.rkey = ms_->rkey();
+  ASSERT_TRUE(test::post(qc2, w).is_ok());
+  c = c_completions(1);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  std::printf("WRITE on the other QP during the duplicate READ burst: %lld ms\n",
+              static_cast<long long>(ms));
+  EXPECT_LT(ms, 200) << "another QP's READ replay starved this QP";
+  ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDuplicateRequest) >= 12; }, 20000));
+
+  // (b) spaced duplicates, each after the replay before it went quiet.
+  auto settle = [&] {
+    uint64_t last = qctr(qs_, Ctr::kSentPkts);
+    for (int quiet = 0; quiet < 5;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const uint64_t now = qctr(qs_, Ctr::kSentPkts);
+      quiet = now == last ? quiet + 1 : 0;
+      last = now;
+    }
+  };
+  settle();
+  for (int i = 0; i < 12; ++i) {
+    a.send(s_ip_, dup);
+    ASSERT_TRUE(wait_until([&] { return qctr(qs_, Ctr::kDuplicateRequest) >= 13u + i; }));
+    settle();
+  }
+  const uint64_t replayed = qctr(qs_, Ctr::kSentPkts) - sent0;
+  std::printf("24 forged duplicate READs of %u packets: %llu packets sent (budget %u)\n", kPkts,
+              static_cast<unsigned long long>(replayed), 8 * kPkts);
+  EXPECT_LE(replayed, 8u * kPkts + 32u);  // + a few ACKs
+  EXPECT_GT(replayed, 0u);                // duplicates are still answered (C9-110)
+  EXPECT_EQ(qs_->state(), QpState::kRts);
+  EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 1u);  // never re-executed
+  // The connection goes on.
+  post_write(256, 3);
+  c = c_completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(big.guards_ok());
+}
+
 }  // namespace
 }  // namespace rnic::emu
