@@ -35,6 +35,12 @@ const VarDecl kVars[] = {
      .help = "active path MTU", .reader = "shim", .empty_is_error = true, .min = 256,
      .max = 4096, .pow2 = true,
      .store = [](Config* c, const VarValue& v) { c->mtu = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_GSO", .type = VarType::kEnum, .default_text = "`auto`",
+     .values = "`auto`, `on`, `off`",
+     .help = "UDP GSO batches on send (and GRO on receive); auto: only when the IP is on a "
+             "loopback interface, where a batch is never cut (docs/wire.md §4)",
+     .reader = "shim", .choices = "auto,on/1/yes,off/0/no",
+     .store = [](Config* c, const VarValue& v) { c->gso = static_cast<GsoMode>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

@@ -45,11 +45,15 @@ enum class VarType : uint8_t {
 // The control socket mode of SOFTRNIC_CONTROL (emu/services/services.h maps it).
 enum class ControlSocket : uint8_t { kOn = 0, kOff, kRequired };
 
+// SOFTRNIC_GSO: whether the engine sends UDP GSO batches (verbs_shim/host.cc decides kAuto).
+enum class GsoMode : uint8_t { kAuto = 0, kOn, kOff };
+
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
   std::string name = "softrnic0";            // SOFTRNIC_NAME (shim)
   std::optional<uint32_t> ip;                // SOFTRNIC_IP, network byte order (shim)
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
+  GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

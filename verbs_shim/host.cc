@@ -3,6 +3,8 @@
 #include "verbs_shim/host.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -41,6 +43,40 @@ std::string ip_str(in_addr ip) {
   char b[INET_ADDRSTRLEN] = {};
   inet_ntop(AF_INET, &ip, b, sizeof b);
   return b;
+}
+
+// True when `ip` lives on a loopback interface (IFF_LOOPBACK: its own address, else the
+// subnet of one of its addresses, as 127.0.0.2 on lo's 127.0.0.1/8). Only there is a UDP GSO
+// batch never cut into datagrams (docs/wire.md §4).
+bool ip_on_loopback(in_addr ip) {
+  if ((ntohl(ip.s_addr) >> 24) == 127) return true;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  int exact = -1, subnet = -1;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    uint32_t a = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    uint32_t m = i->ifa_netmask != nullptr
+                     ? reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr.s_addr
+                     : 0xFFFFFFFFu;
+    int lo = (i->ifa_flags & IFF_LOOPBACK) != 0 ? 1 : 0;
+    if (a == ip.s_addr && exact < 0) exact = lo;
+    if ((a & m) == (ip.s_addr & m) && subnet < 0) subnet = lo;
+  }
+  freeifaddrs(list);
+  return (exact >= 0 ? exact : subnet) == 1;
+}
+
+// EngineConfig::gso from SOFTRNIC_GSO: auto sends GSO batches only where the IP is on a
+// loopback interface; elsewhere one datagram per packet (sendmmsg batches) with IP ID 0, so
+// every packet verifies on a capture from any interface whatever its offloads.
+bool gso_for(base::GsoMode mode, in_addr ip) {
+  switch (mode) {
+    case base::GsoMode::kOn: return true;
+    case base::GsoMode::kOff: return false;
+    case base::GsoMode::kAuto: break;
+  }
+  return ip_on_loopback(ip);
 }
 
 // Translates one emu event into the verbs event of the context that owns the object.
@@ -105,6 +141,9 @@ int start_device(Host* h) {
   // The engine binds UDP <ip>:4791, installs itself as the device's hooks and engine, and
   // starts its progress thread; the device owns it from here on.
   emu::EngineConfig ec;
+  ec.gso = gso_for(h->cfg_.gso, h->ip_);
+  RNIC_LOG(kInfo, "device %s on %s: UDP GSO %s", dc.name.c_str(), dc.ip.c_str(),
+           ec.gso ? "on" : "off (one datagram per packet)");
   auto e = emu::Engine::start(dev, ec);
   if (!e.has_value()) {
     int rc = err_of(e.error());

@@ -96,6 +96,9 @@ struct RxDesc {
   uint16_t ip_id = 0;
   uint16_t seg_size = 0;
   bool truncated = false;
+  // IPv4 TOS / IPv6 traffic class (UdpPort: IP_RECVTOS / IPV6_RECVTCLASS; 0 if unknown). The
+  // low 2 bits are ECN: 3 = CE (congestion experienced).
+  uint8_t tos = 0;
 };
 
 // Calls fn(std::span<uint8_t> segment, uint32_t index) for each datagram in `d`

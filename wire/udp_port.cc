@@ -29,9 +29,9 @@ union SockAddr {
   sockaddr_in6 v6;
 };
 
-// Control space for one received datagram: PKTINFO (v4 or v6), UDP_GRO, SO_RXQ_OVFL.
+// Control space for one received datagram: PKTINFO (v4 or v6), UDP_GRO, SO_RXQ_OVFL, TOS.
 constexpr size_t kRxCtrl = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) +
-                           CMSG_SPACE(sizeof(uint32_t)) + 64;
+                           CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int)) + 64;
 constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t));
 
 void fill_sockaddr(const Endpoint& e, SockAddr* out, socklen_t* len) {
@@ -75,12 +75,14 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
     int pmtu = IPV6_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) return fail(errno);
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) != 0) return fail(errno);
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));  // ECN (best effort)
   } else {
     // DF on every datagram: with an unconnected socket Linux then writes IP ID 0
     // (ip_select_ident: DF set and no inet_daddr), which the ICRC covers.
     int pmtu = IP_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) return fail(errno);
     if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) != 0) return fail(errno);
+    (void)setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one));  // ECN (best effort)
   }
   // Kernel-side drop counter, reported with each datagram (best effort).
   (void)setsockopt(fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
@@ -239,6 +241,7 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
       d.truncated = (m.msg_flags & MSG_TRUNC) != 0;
       d.ip_id = 0;
       d.seg_size = 0;
+      d.tos = 0;
       d.src.from_sockaddr(&s.names[i].sa, m.msg_namelen);
       d.dst = local_;
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
@@ -252,6 +255,12 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
           std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
           std::memcpy(d.dst.addr, &pi.ipi6_addr, 16);
           d.dst.ipv6 = true;
+        } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
+          d.tos = *CMSG_DATA(c);  // one byte
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+          int tc = 0;
+          std::memcpy(&tc, CMSG_DATA(c), sizeof(tc));
+          d.tos = static_cast<uint8_t>(tc);
         } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
           int g = 0;
           std::memcpy(&g, CMSG_DATA(c), sizeof(g));

@@ -13,6 +13,8 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "drop_malformed",     "bad_pkey_cntr",      "qkey_viol_cntr",     "naks_sent",
     "naks_rcvd",          "rem_access_nak_sent", "rem_access_nak_rcvd", "retrans_pkts",
     "uc_dropped",         "ud_dropped",         "drop_src_port",      "mem_fault",
+    "icrc_id_zero",       "icrc_id_gro",        "icrc_id_solved",     "cnp_rcvd",
+    "ecn_ce_rcvd",
 };
 }  // namespace
 

@@ -47,6 +47,12 @@ enum class Ctr : uint8_t {
   kDropSrcPort,         // drop_src_port (ours): strict source check refused the UDP port
   kMemFault,            // mem_fault (ours): an access to registered memory faulted (MemAccess
                         // returned false: unmapped / PROT_NONE / read-only page)
+  // How each accepted packet's ICRC verified (wire::icrc_verify_rx, docs/wire.md §3):
+  kIcrcIdZero,          // icrc_id_zero (ours): with IPv4 ID 0 (or IPv6: no ID)
+  kIcrcIdGro,           // icrc_id_gro (ours): with the GRO segment's ID (base + k)
+  kIcrcIdSolved,        // icrc_id_solved (ours): with the one ID solved for (peer-chosen IDs)
+  kCnpRcvd,             // cnp_rcvd (ours): RoCEv2 CNPs (opcode 0x81) received, counted, ignored
+  kEcnCeRcvd,           // ecn_ce_rcvd (ours): packets that arrived with ECN CE (IP TOS & 3 == 3)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

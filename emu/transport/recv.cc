@@ -119,24 +119,25 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
                  raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
     return;
   }
-  wire::IpUdpMeta meta = wire::meta_between(d.src, d.dst, static_cast<uint16_t>(d.ip_id + seg_index));
-  if (!wire::icrc_check(meta, roce)) {
-    // IP-ID policy: segment k of a GRO buffer normally left with ID base+k (a GSO sender);
-    // peers that send every packet with ID 0 (hardware, rxe) coalesce too, so try 0 as well.
-    meta.ip_id = 0;
-    bool ok = seg_index != 0 && wire::icrc_check(meta, roce);
-    // A port filter (fault injection, capture) splits GRO buffers and hands the segments
-    // back without their index, so a GSO peer's segment k arrives with ID unknown: solve for
-    // it (CRC is affine in the ID; a random corruption passes with p ~ 2^-16, fault mode only).
-    if (!ok && e.port().max_gso_segments() == 1 && e.config().gso)
-      ok = wire::icrc_solve_ip_id(meta, roce).has_value();
-    if (!ok) {
+  // IP-ID policy (docs/wire.md §3): the socket hides the IPv4 ID the ICRC covers. Try ID 0
+  // (Linux with DF on an unconnected socket, most hardware), then the ID this segment of a
+  // GRO buffer left with (base + k: a GSO sender), then solve for the one ID that matches
+  // (hardware peers choosing incrementing or random IDs, a cut GSO batch). One CRC pass.
+  const wire::IpUdpMeta meta = wire::meta_between(d.src, d.dst);
+  const wire::IcrcVerdict iv = wire::icrc_verify_rx(
+      meta, roce, static_cast<uint16_t>(d.ip_id + seg_index));
+  switch (iv.match) {
+    case wire::IcrcMatch::kIdZero: dc.add(Ctr::kIcrcIdZero); break;
+    case wire::IcrcMatch::kIdHint: dc.add(Ctr::kIcrcIdGro); break;
+    case wire::IcrcMatch::kIdSolved: dc.add(Ctr::kIcrcIdSolved); break;
+    case wire::IcrcMatch::kNone:
       dc.add(Ctr::kIcrcErr);
       RNIC_PKT_LOG("drop", "bad ICRC", Ctr::kIcrcErr, d.src, raw_bth(roce).qpn,
                    raw_bth(roce).opcode, raw_bth(roce).psn);
       return;
-    }
   }
+  // ECN CE marks (IP TOS low bits 11) are counted; the packet is processed as usual.
+  if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
   // 2. Parse (lengths, TVer, opcode).
   wire::PacketView p;
   if (wire::ParseError pe = wire::parse_roce(roce, &p); pe != wire::ParseError::kOk) {
@@ -146,7 +147,14 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
     return;
   }
   const bool is_req = p.has(wire::kReqMask);
-  if (!is_req && !p.has(wire::kAckMask)) {  // CNP and the like: nothing to do
+  if (wire::is_cnp(p.opcode)) {
+    // RoCEv2 CNP (congestion notification, opcode 0x81): counted and accepted; the sending
+    // rate does not adapt to it yet (issue 11), and it never touches QP state.
+    dc.add(Ctr::kCnpRcvd);
+    RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p.bth().dest_qp());
+    return;
+  }
+  if (!is_req && !p.has(wire::kAckMask)) {  // other non-request, non-response: nothing to do
     dc.add(Ctr::kDropBadState);
     RNIC_PKT_LOG("drop", "neither a request nor a response (CNP?)", Ctr::kDropBadState, d.src,
                  p.bth().dest_qp(), p.opcode, p.bth().psn());

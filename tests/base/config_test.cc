@@ -44,7 +44,11 @@ std::string good_value(const VarDecl& d) {
     case VarType::kBool: return "1";
     case VarType::kU32: return std::to_string(d.max);
     case VarType::kSeed: return "42";
-    case VarType::kEnum: return "required";
+    case VarType::kEnum:  // the last choice (SOFTRNIC_CONTROL: required; SOFTRNIC_GSO: off)
+    {
+      std::string_view last = d.choices.substr(d.choices.rfind(',') + 1);
+      return std::string(last.substr(0, last.find('/')));
+    }
     case VarType::kIpv4: return "127.0.0.9";
     case VarType::kLevel: return "trace";
   }
@@ -118,6 +122,19 @@ TEST(Config, EveryVariableAcceptsAGoodValueAndNamesItselfOnABadOne) {
     std::string e = parse(env, &c2);
     EXPECT_NE(e.find(std::string(d.name) + "="), std::string::npos) << d.name << ": " << e;
   }
+}
+
+TEST(Config, GsoModeParses) {
+  for (auto [text, want] : {std::pair{"auto", GsoMode::kAuto}, {"ON", GsoMode::kOn},
+                            {"1", GsoMode::kOn}, {"off", GsoMode::kOff},
+                            {"no", GsoMode::kOff}}) {
+    Config c;
+    ASSERT_EQ(parse(Env{{"SOFTRNIC_GSO", text}}, &c), "") << text;
+    EXPECT_EQ(c.gso, want) << text;
+  }
+  Config c;
+  EXPECT_EQ(c.gso, GsoMode::kAuto);
+  EXPECT_NE(parse(Env{{"SOFTRNIC_GSO", "maybe"}}, &c).find("SOFTRNIC_GSO="), std::string::npos);
 }
 
 TEST(Config, ValuesLandInTheirFields) {
