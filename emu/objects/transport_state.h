@@ -105,7 +105,7 @@ struct RespState {
 // except `ctr` (atomic, any thread).
 struct CompState {
   uint32_t psn = 0;              // oldest PSN not yet acknowledged
-  uint8_t retry_cnt = 7;         // attr values (7 = infinite)
+  uint8_t retry_cnt = 7;         // attr values (rnr_retry 7 = infinite; retry_cnt 7: comp.cc)
   uint8_t rnr_retry = 7;
   uint8_t retry_left = 7;        // counts down; reset on forward progress
   uint8_t rnr_left = 7;

@@ -115,8 +115,10 @@ bool ack_through(Engine& e, Qp& qp, uint32_t psn, bool* lost) {
   return progress;
 }
 
-// Retry after a timeout or a NAK: spend one retry_cnt (7 = infinite) and go back N, or fail
-// the oldest outstanding WQE with RETRY_EXC_ERR.
+// Retry after a timeout or a NAK: spend one retry_cnt and go back N, or fail the oldest
+// outstanding WQE with RETRY_EXC_ERR. In the IBA only rnr_retry 7 means infinite; retry_cnt 7
+// is seven retries (issue 10 item 8: a dead peer must not hang the requester). rxe counts
+// retry_cnt 7 as infinite: kept under the rxe errors mode (DeviceConfig::errors).
 void do_retry(Engine& e, Qp& qp) {
   CompState& c = qp.comp_;
   int i = first_active(qp);
@@ -126,7 +128,7 @@ void do_retry(Engine& e, Qp& qp) {
     fail_wqe(qp, qp.sq().at(static_cast<uint32_t>(i)), WcStatus::kRetryExcErr);
     return;
   }
-  if (c.retry_cnt != 7) --c.retry_left;
+  if (c.retry_cnt != 7 || e.device().config().errors != ErrorsMode::kRxe) --c.retry_left;
   bump(c.ctr, e.counters(), Ctr::kCompleterRetryErr);
   req_retry(e, qp);
 }

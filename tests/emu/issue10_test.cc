@@ -338,5 +338,32 @@ TEST_F(Issue10Test, DuplicateReadFloodIsBoundedAndDoesNotStarveOtherQps) {
   EXPECT_TRUE(big.guards_ok());
 }
 
+// Item 8: retry_cnt 7 is seven retries, not infinite (only rnr_retry 7 is, IBA 9.7.6.1.x):
+// a WRITE to a dead peer (an address where no one listens on 4791) completes with
+// RETRY_EXC_ERR after 7 retransmissions, within the retry timeout (timeout 8: ~1 ms).
+TEST_F(Issue10Test, RetryCnt7ToDeadPeerEndsWithRetryExceeded) {
+  ASSERT_NO_FATAL_FAILURE(start(4));
+  auto q = c_.qp(QpType::kRc);
+  test::ConnOpts o;
+  o.timeout = 8;
+  o.retry_cnt = 7;
+  test::connect_qp(*c_.dev, q, a_ip_.c_str(), 0x123456, o);  // nobody at a_ip_:4791
+  auto wr = test::send_wr(WrOpcode::kRdmaWrite, 7, {test::sge(src_->data(), 256, mc_)});
+  wr.rdma.remote_addr = 0x1000;
+  wr.rdma.rkey = 0x1234;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(test::post(q, wr).is_ok());
+  auto c = c_completions(1, 5000);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(c.size(), 1u) << "retry_cnt 7 retried forever";
+  EXPECT_EQ(c[0].wr_id, 7u);
+  EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr) << wc_status_name(c[0].status);
+  EXPECT_EQ(q->state(), QpState::kErr);
+  EXPECT_EQ(qctr(q, Ctr::kRetransPkts), 7u);
+  EXPECT_EQ(qctr(q, Ctr::kRetryExceededErr), 1u);
+  EXPECT_LT(ms, 2000);
+}
+
 }  // namespace
 }  // namespace rnic::emu
