@@ -311,12 +311,13 @@ Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
   if (!a.is_global) return Errc::kInval;  // RoCE has no LIDs: a GRH is mandatory
   if (a.port_num != 1) return Errc::kInval;
   if (a.grh.sgid_index >= kGidTableLen) return Errc::kInval;
-  if (a.grh.flow_label >= (1u << 20)) return Errc::kInval;
   static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
   if (std::memcmp(a.grh.dgid, kMappedPrefix, 12) != 0) return Errc::kInval;  // IPv4 only
   Av av;
   std::memcpy(av.dgid, a.grh.dgid, 16);
-  av.flow_label = a.grh.flow_label;
+  // Any 32-bit flow label is accepted and its low 20 bits used, as the kernel does (UCX
+  // passes 0xffffffff); the IPv6 flow label field is 20 bits (IBA A17.4.5.1 / RFC 6437).
+  av.flow_label = a.grh.flow_label & 0xfffffu;
   av.sgid_index = a.grh.sgid_index;
   av.hop_limit = a.grh.hop_limit;
   av.traffic_class = a.grh.traffic_class;

@@ -52,7 +52,7 @@ struct AhAttr {
 };
 
 // Validate an AhAttr for this RoCEv2 device and resolve it: is_global must be 1 (RoCE has
-// no LIDs), port_num == 1, sgid_index < gid table length, flow_label < 2^20, and the dgid
+// no LIDs), port_num == 1, sgid_index < gid table length (any flow_label: its low 20 bits), and the dgid
 // must be IPv4-mapped (::ffff:a.b.c.d; IPv6 GIDs come later). EINVAL otherwise.
 Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& attr);
 

@@ -242,6 +242,22 @@ TEST(QpStateMatrix, OutOfRangeValuesRejectedAndQpUnchanged) {
   }
 }
 
+// A connected QP's AV takes any 32-bit grh.flow_label and keeps its low 20 bits (as the
+// kernel does; UCX passes 0xffffffff).
+TEST(QpStateMatrix, AnyFlowLabelKeepsItsLow20Bits) {
+  Env env;
+  auto qp = env.qp(T::kRc);
+  drive_to(*env.dev, qp, S::kInit);
+  QpAttr a = full_attr(S::kRtr, S::kInit);
+  a.ah_attr.grh.flow_label = 0xffffffffu;
+  ASSERT_TRUE(env.dev->modify_qp(qp, a, testing::rtr_mask(T::kRc)).is_ok());
+  EXPECT_EQ(qp->av().flow_label, 0xfffffu);
+  QpAttr q;
+  ASSERT_TRUE(env.dev->query_qp(qp, &q, nullptr).is_ok());
+  EXPECT_EQ(q.ah_attr.grh.flow_label, 0xffffffffu);  // query shows what was set, as rxe
+  EXPECT_EQ(qp->state(), S::kRtr);
+}
+
 TEST(QpStateMatrix, CommittedAttributesAreQueried) {
   Env env;
   auto qp = env.qp(T::kRc);
