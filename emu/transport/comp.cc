@@ -359,7 +359,8 @@ CompStep atomic_ack(Engine& e, Qp& qp, Resp& k) {
   SendWqe& w = *k.wqe;
   uint64_t orig = k.p.atomic_ack_eth().orig();
   WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, 0,
-                             reinterpret_cast<const uint8_t*>(&orig), 8);
+                             reinterpret_cast<const uint8_t*>(&orig), 8, &qp.comp_.ctr,
+                             &e.counters());
   if (st != WcStatus::kSuccess) {
     fail_wqe(qp, w, WcStatus::kLocProtErr);
   } else {
@@ -379,7 +380,7 @@ CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
   // A response of the wrong size is dropped (the retry timer recovers).
   if (off > w.length || k.p.payload_len != want) return CompStep::kUpdateComp;
   WcStatus st = scatter_sges(e.device(), qp.pd().get(), w.sge, w.num_sge, off, k.p.payload,
-                             k.p.payload_len);
+                             k.p.payload_len, &qp.comp_.ctr, &e.counters());
   if (st != WcStatus::kSuccess) {
     fail_wqe(qp, w, WcStatus::kLocProtErr);
   } else if (last) {

@@ -23,7 +23,7 @@ namespace op = wire::op;
 // ---------------------------------------------------------------- receive scatter
 
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
-                      const uint8_t* data, uint64_t len) {
+                      const uint8_t* data, uint64_t len, Counters* qp_ctr, Counters* dev_ctr) {
   uint32_t i = 0;
   while (i < n && offset >= sges[i].length) {
     offset -= sges[i].length;
@@ -41,9 +41,14 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
     uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(avail, len));
     Sge piece{s.addr + offset, k, s.lkey};
     uint64_t host = 0;
-    WcStatus st = check_local(dev.keys(), piece, pd, true, dev.config().errors, &host);
+    AccessGuard g;  // held until the write returned: dereg waits for it (issue 10 item 3)
+    WcStatus st = check_local(dev.keys(), piece, pd, true, dev.config().errors, &host, &g);
     if (st != WcStatus::kSuccess) return st;
-    if (!dev.mem().write(host, data, k)) return WcStatus::kLocProtErr;
+    if (!dev.mem().write(host, data, k)) {
+      if (qp_ctr != nullptr) qp_ctr->add(Ctr::kMemFault);
+      if (dev_ctr != nullptr) dev_ctr->add(Ctr::kMemFault);
+      return WcStatus::kLocProtErr;
+    }
     data += k;
     len -= k;
     offset += k;
@@ -79,7 +84,8 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
 }
 
 // Copies len payload bytes from the cursor into dst and advances the cursor.
-WcStatus gather(Device& dev, const Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len) {
+WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len) {
+  Device& dev = e.device();
   if (w.is_inline) {
     std::memcpy(dst, w.inline_data + w.offset, len);
     return WcStatus::kSuccess;
@@ -96,9 +102,14 @@ WcStatus gather(Device& dev, const Qp& qp, SendWqe& w, uint8_t* dst, uint32_t le
     uint32_t n = std::min(avail, len);
     Sge piece{s.addr + w.sge_offset, n, s.lkey};
     uint64_t host = 0;
-    WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host);
+    AccessGuard g;  // held until the read returned: dereg waits for it (issue 10 item 3)
+    WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host,
+                              &g);
     if (st != WcStatus::kSuccess) return st;
-    if (!dev.mem().read(host, dst, n)) return WcStatus::kLocProtErr;
+    if (!dev.mem().read(host, dst, n)) {
+      bump(qp.comp_.ctr, e.counters(), Ctr::kMemFault);
+      return WcStatus::kLocProtErr;  // local SGE: local protection error
+    }
     dst += n;
     len -= n;
     w.sge_offset += n;
@@ -313,7 +324,7 @@ bool emit_packet(ReqRun& x, SendWqe& w, const ReqPkt& k) {
   uint8_t* buf = tx.next();
   const size_t hl = wire::write_roce_headers(buf, f, plen);
   if (plen > 0) {
-    WcStatus gs = gather(x.dev, x.qp, w, buf + hl, plen);
+    WcStatus gs = gather(x.e, x.qp, w, buf + hl, plen);
     if (gs != WcStatus::kSuccess) {
       w.status = gs;
       w.state = WqeState::kError;

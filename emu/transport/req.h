@@ -43,13 +43,10 @@ inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {
 // Copies len bytes into the scatter list sges[0..n) starting at byte `offset` of the list,
 // checking each piece locally (lkey, PD, LOCAL_WRITE, range). kLocLenErr if the list is too
 // short; the local error status of the failed piece otherwise. (Responder receive path.)
+// Each piece's MR is held (AccessGuard) while it is written; a write that faults returns
+// kLocProtErr and counts Ctr::kMemFault in qp_ctr and dev_ctr when given.
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
-                      const uint8_t* data, uint64_t len);
-// TRANSITIONAL: wire::meta_between(src, dst) under its old name, kept only because
-// emu/transport/engine.cc and tests/emu/proto_scenarios_test.cc (other owners) still call it.
-// New code calls wire::meta_between; delete this once those two call sites are switched.
-inline wire::IpUdpMeta make_meta(const wire::Endpoint& src, const wire::Endpoint& dst) {
-  return wire::meta_between(src, dst);
-}
+                      const uint8_t* data, uint64_t len, Counters* qp_ctr = nullptr,
+                      Counters* dev_ctr = nullptr);
 
 }  // namespace rnic::emu

@@ -195,7 +195,10 @@ bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va
     RkeyResult rk = check_remote(dev.keys(), rkey, qp.pd().get(), qp.qpn(), va + uint64_t{i} * mtu,
                                  plen, kAccessRemoteRead, &t);
     bool ok = rk == RkeyResult::kOk;
-    if (ok) queue_packet(e, qp, f, nullptr, plen, &dev.mem(), t.host_addr, &ok);
+    if (ok) {
+      queue_packet(e, qp, f, nullptr, plen, &dev.mem(), t.host_addr, &ok);
+      if (!ok) bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
+    }
     if (!ok) {
       *fail_psn = f.psn;
       return false;
@@ -514,7 +517,7 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
     if (k.plen > 0) {
       WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
-                                 k.p.payload, k.plen);
+                                 k.p.payload, k.plen, &qp.comp_.ctr, &dctr(e));
       if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
       if (st != WcStatus::kSuccess)
         return refuse(k, Step::kErrRecvProt, "receive SGE failed its local check");
@@ -531,8 +534,10 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
                                   kAccessRemoteWrite, &t);
       if (r != RkeyResult::kOk)
         return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
-      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen))
+      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) {
+        bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
         return refuse(k, Step::kErrRkey, "WRITE target memory not writable");
+      }
     }
     s.w_va += k.plen;
     s.w_resid -= k.plen;
@@ -575,7 +580,10 @@ Step execute(Engine& e, Qp& qp, const Pkt& k) {
     bool ok = k.p.opcode == op::kRcCompareSwap
                   ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
                   : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
-    if (!ok) return refuse(k, Step::kErrRkey, "ATOMIC target memory not accessible");
+    if (!ok) {
+      bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
+      return refuse(k, Step::kErrRkey, "ATOMIC target memory not accessible");
+    }
     RespRes& r = next_res(s);
     r.kind = RespRes::kAtomic;
     r.first_psn = r.last_psn = k.psn;
@@ -738,9 +746,11 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   if (40 + uint64_t{k.plen} > s.wqe.length) {
     c.status = WcStatus::kLocLenErr;
   } else {
-    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 0, grh.data(), 40);
+    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 0, grh.data(), 40,
+                               &qp.comp_.ctr, &dctr(e));
     if (st == WcStatus::kSuccess && k.plen > 0)
-      st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 40, k.p.payload, k.plen);
+      st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 40, k.p.payload, k.plen,
+                        &qp.comp_.ctr, &dctr(e));
     if (st != WcStatus::kSuccess) c.status = st;
   }
   if (k.mask & wire::kImmMask) {
