@@ -91,8 +91,9 @@ topo_up() {
     local ok=0 _
     for _ in $(seq 1 50); do
       # No ping here: a TCP connect to a closed port answers "refused" once the path works.
-      if topo_exec "$i" timeout 1 bash -c "exec 3<>/dev/tcp/$(topo_ip 1)/9" 2>&1 |
-          grep -q refused; then ok=1; break; fi
+      local msg
+      msg="$(topo_exec "$i" timeout 1 bash -c "exec 3<>/dev/tcp/$(topo_ip 1)/9" 2>&1)"
+      case "$msg" in *refused*) ok=1; break ;; esac
       sleep 0.1
     done
     [ "$ok" = 1 ] || { echo "topo_up: host $i cannot reach $(topo_ip 1)" >&2; return 1; }
