@@ -3,6 +3,7 @@
 #include "emu/objects/qp.h"
 #include "emu/objects/status.h"
 #include "emu/objects/types.h"
+#include "emu/objects/wr_opcode.h"
 
 namespace rnic::emu {
 
@@ -47,23 +48,10 @@ const char* wc_status_name(WcStatus s) {
   return i < sizeof(kNames) / sizeof(kNames[0]) ? kNames[i] : "WC_STATUS_?";
 }
 
+// From the one WR-opcode table (emu/objects/wr_opcode.h).
 const char* wr_opcode_name(WrOpcode op) {
-  switch (op) {
-    case WrOpcode::kRdmaWrite: return "RDMA_WRITE";
-    case WrOpcode::kRdmaWriteWithImm: return "RDMA_WRITE_WITH_IMM";
-    case WrOpcode::kSend: return "SEND";
-    case WrOpcode::kSendWithImm: return "SEND_WITH_IMM";
-    case WrOpcode::kRdmaRead: return "RDMA_READ";
-    case WrOpcode::kAtomicCmpAndSwp: return "ATOMIC_CMP_AND_SWP";
-    case WrOpcode::kAtomicFetchAndAdd: return "ATOMIC_FETCH_AND_ADD";
-    case WrOpcode::kLocalInv: return "LOCAL_INV";
-    case WrOpcode::kBindMw: return "BIND_MW";
-    case WrOpcode::kSendWithInv: return "SEND_WITH_INV";
-    case WrOpcode::kTso: return "TSO";
-    case WrOpcode::kDriver1: return "DRIVER1";
-    case WrOpcode::kAtomicWrite: return "ATOMIC_WRITE";
-  }
-  return "WR_OPCODE_?";
+  const char* n = wr_opcode_info(op).name;
+  return n != nullptr ? n : "WR_OPCODE_?";
 }
 
 const char* qp_state_name(QpState s) {

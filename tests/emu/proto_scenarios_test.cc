@@ -37,7 +37,7 @@ uint8_t opcode_of(std::span<const uint8_t> r) { return r[0]; }
 uint32_t psn_of(std::span<const uint8_t> r) { return wire::load_be24(r.data() + 9); }
 bool is_request(std::span<const uint8_t> r) { return wire::opcode_info(r[0]).mask & wire::kReqMask; }
 void fix_icrc(const wire::Endpoint& src, const wire::Endpoint& dst, std::span<uint8_t> r) {
-  wire::IpUdpMeta m = make_meta(src, dst);
+  wire::IpUdpMeta m = wire::meta_between(src, dst);
   uint32_t icrc = wire::icrc_compute(m, r.first(r.size() - 4));
   wire::store_le32(r.data() + r.size() - 4, icrc);
 }
