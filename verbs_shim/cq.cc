@@ -198,8 +198,8 @@ SHIM_EXPORT struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, v
 }
 
 SHIM_EXPORT int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
-  if (cq == nullptr) return EINVAL;
-  if (cqe < 1) return EINVAL;
+  if (cq == nullptr) return fail_errno(EINVAL);
+  if (cqe < 1) return fail_errno(EINVAL);
   return guard_int([&] {
     Cq* c = to_cq(cq);
     emu::Status st = to_ctx(cq->context)->emu_->resize_cq(c->emu_, cqe);

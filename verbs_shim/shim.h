@@ -141,16 +141,24 @@ inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 inline Qp* to_qp(ibv_qp_ex* q) { return reinterpret_cast<Qp*>(q); }
 
 // ---------------------------------------------------------------------------------------
-// Boundary helpers. int verbs return 0 or a positive errno; pointer verbs return NULL and
-// set errno. `guard_*` turn any C++ exception into ENOMEM so none crosses the ABI.
+// Boundary helpers. int verbs return 0 or a positive errno and, like rdma-core's command
+// path (whose failed write()/ioctl() leaves errno set), set errno to it; pointer verbs
+// return NULL and set errno. `guard_*` turn any C++ exception into ENOMEM so none crosses
+// the ABI.
+inline int fail_errno(int e) {
+  errno = e;
+  return e;
+}
 template <class F>
 int guard_int(F&& f) noexcept {
   try {
-    return f();
+    int r = f();
+    if (r > 0) errno = r;
+    return r;
   } catch (const std::bad_alloc&) {
-    return ENOMEM;
+    return fail_errno(ENOMEM);
   } catch (...) {
-    return EIO;
+    return fail_errno(EIO);
   }
 }
 template <class T, class F>

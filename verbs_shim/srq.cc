@@ -89,7 +89,7 @@ SHIM_EXPORT struct ibv_srq* ibv_create_srq(struct ibv_pd* pd, struct ibv_srq_ini
 
 SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask) {
   if (srq == nullptr || attr == nullptr) return EINVAL;
-  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail_errno(EINVAL);
   return guard_int([&] {
     emu::SrqAttr ea;
     ea.max_wr = attr->max_wr;
