@@ -96,6 +96,14 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
 
   {
     std::lock_guard lk(s->cfg_mu_);
+    if constexpr (!wire::kFaultInjection) {
+      // Capture rides on the packet hook (wire/port.cc set_filter); without it the file
+      // would stay empty. Refused like `capture start` (capture_start below).
+      if (!opt.pcap.empty()) {
+        *err = "SOFTRNIC_PCAP: capture needs the packet hook (built with -Dfault_injection=false)";
+        return nullptr;
+      }
+    }
     if (!opt.pcap.empty()) {
       int en = 0;
       std::unique_ptr<wire::PcapWriter> w = wire::PcapWriter::open(opt.pcap, &en);
@@ -168,8 +176,10 @@ void DeviceServices::update_filter_locked() {
   bool want = always_filter_ || capturing_.load(std::memory_order_acquire) ||
               !faults_->list().empty() || faults_->pending() != 0;
   if (want == installed_.load(std::memory_order_acquire)) return;
-  engine_->port().set_filter(want ? static_cast<wire::PacketFilter*>(this) : nullptr);
-  installed_.store(want, std::memory_order_release);
+  // set_filter refuses a filter when the hook is compiled out (-Dfault_injection=false):
+  // filter_installed() then says so.
+  bool set = engine_->port().set_filter(want ? static_cast<wire::PacketFilter*>(this) : nullptr);
+  installed_.store(want && set, std::memory_order_release);
 }
 
 wire::Verdict DeviceServices::on_packet(wire::Direction dir, const wire::Endpoint& src,

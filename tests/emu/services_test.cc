@@ -22,6 +22,7 @@
 #include "tests/emu/proto_util.h"
 #include "wire/icrc.h"
 #include "wire/pcap.h"
+#include "wire/port.h"
 
 namespace rnic::emu {
 namespace {
@@ -217,6 +218,7 @@ TEST_F(ServicesTest, NoRulesNoCaptureLeavesPortUnfiltered) {
 }
 
 TEST_F(ServicesTest, PcapFromStartCapturesBothDirectionsWithGoodIcrc) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   ServicesOptions o = opts();
   o.pcap = dir_ + "/cap.%p.pcap";
   make(o);
@@ -261,6 +263,7 @@ TEST_F(ServicesTest, BadPcapPathFailsCreate) {
 }
 
 TEST_F(ServicesTest, FaultAddThroughControlSocketDropsAndRetransmits) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   make(opts());
   ASSERT_NE(svc_->control(), nullptr) << svc_->warning();
   ControlReply r = request("fault add dir=tx op=RDMA_WRITE_* nth=3 => drop");
@@ -312,6 +315,7 @@ TEST_F(ServicesTest, FaultAddThroughControlSocketDropsAndRetransmits) {
 }
 
 TEST_F(ServicesTest, RkeyRewriteRuleGivesRemoteAccessErrorNotHang) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   make(opts());
   ASSERT_TRUE(request("fault add dir=tx class=write => rewrite(rkey ^= 0x80)").ok);
   EXPECT_EQ(write(2048), WcStatus::kRemAccessErr);
@@ -326,6 +330,7 @@ TEST_F(ServicesTest, RkeyRewriteRuleGivesRemoteAccessErrorNotHang) {
 // A nak rule on the responder's rx side needs no qpn=: the services resolve the requester's
 // QPN from the local QP the packet is addressed to (its dest_qp_num).
 TEST_F(ServicesTest, ResponderSideNakRuleResolvesRequesterQpn) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   ServicesOptions o = opts();
   o.control = ControlMode::kOff;
   o.faults = "dir=rx class=write once => nak(rem_access)";
@@ -343,6 +348,7 @@ TEST_F(ServicesTest, ResponderSideNakRuleResolvesRequesterQpn) {
 }
 
 TEST_F(ServicesTest, RuntimeCaptureStartStopThroughSocket) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   make(opts());
   EXPECT_FALSE(svc_->filter_installed());
   std::string path = dir_ + "/run.pcap";
@@ -369,6 +375,7 @@ TEST_F(ServicesTest, RuntimeCaptureStartStopThroughSocket) {
 }
 
 TEST_F(ServicesTest, TxCaptureShowsWhatLeavesDuplicatesTwiceDropsNever) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   ServicesOptions o = opts();
   o.faults = "rule d1 dir=tx op=SEND_ONLY nth=1 => dup(1); rule d2 dir=tx op=SEND_ONLY nth=2 => drop";
   o.pcap = dir_ + "/dup.pcap";
@@ -399,6 +406,7 @@ TEST_F(ServicesTest, TxCaptureShowsWhatLeavesDuplicatesTwiceDropsNever) {
 // and every capture file is whole, each frame with a good ICRC. (GSO off: a GSO batch built
 // just before the filter went in would leave frames with IP IDs the capture cannot know.)
 TEST(ServicesConcurrency, CaptureAndRulesSwappedWhileTrafficFlows) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   std::string dir = temp_dir();
   wire::MemNetwork net;
   auto node = [&](const char* ip) {
@@ -502,14 +510,47 @@ TEST_F(ServicesTest, ControlRequiredFailsWhenSocketCannotOpen) {
   std::string err;
   EXPECT_EQ(DeviceServices::create(a_.dev, o, &err), nullptr);
   EXPECT_NE(err.find("SOFTRNIC_CONTROL=required"), std::string::npos) << err;
-  // Best effort: a warning, and the device still works (faults from the plan included).
+  // Best effort: a warning, and the device still works (faults from the plan included when
+  // the hooks are compiled in).
   o.control = ControlMode::kOn;
-  o.faults = "dir=rx op=ACKNOWLEDGE nth=1000000 => drop";
-  make(o);
+  if (wire::kFaultInjection) o.faults = "dir=rx op=ACKNOWLEDGE nth=1000000 => drop";
+  ASSERT_NO_FATAL_FAILURE(make(o));
   EXPECT_EQ(svc_->control(), nullptr);
   EXPECT_NE(svc_->warning().find("control socket"), std::string::npos);
   EXPECT_EQ(write(1024), WcStatus::kSuccess);
-  EXPECT_GT(svc_->faults().counters().packets, 0u);
+  if (wire::kFaultInjection) {
+    EXPECT_GT(svc_->faults().counters().packets, 0u);
+  }
+}
+
+// -Dfault_injection=false: a plan (create or control socket) and a capture (SOFTRNIC_PCAP or
+// `capture start`) are refused with a message naming the build option; no filter goes in and
+// traffic still flows.
+TEST_F(ServicesTest, NoFaultBuildRefusesPlansAndCapture) {
+  if (wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled in";
+  ServicesOptions o = opts();
+  o.faults = "dir=tx => drop";
+  std::string err;
+  EXPECT_EQ(DeviceServices::create(a_.dev, o, &err), nullptr);
+  EXPECT_NE(err.find("fault injection is compiled out"), std::string::npos) << err;
+  o = opts();
+  o.pcap = dir_ + "/cap.pcap";
+  EXPECT_EQ(DeviceServices::create(a_.dev, o, &err), nullptr);
+  EXPECT_NE(err.find("SOFTRNIC_PCAP"), std::string::npos) << err;
+  EXPECT_NE(err.find("-Dfault_injection=false"), std::string::npos) << err;
+  o = opts();
+  o.always_filter = true;
+  ASSERT_NO_FATAL_FAILURE(make(o));
+  EXPECT_FALSE(svc_->filter_installed());  // the port refuses the hook
+  ASSERT_NE(svc_->control(), nullptr) << svc_->warning();
+  ControlReply r = request("fault add dir=tx => drop");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("compiled out"), std::string::npos) << r.error;
+  r = request("capture start " + dir_ + "/run.pcap");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("packet hook"), std::string::npos) << r.error;
+  EXPECT_FALSE(svc_->filter_installed());
+  EXPECT_EQ(write(4096), WcStatus::kSuccess);
 }
 
 TEST_F(ServicesTest, ControlOffOpensNoSocket) {
