@@ -165,8 +165,8 @@ inline size_t finish_roce(uint8_t* out, size_t hdr_len, size_t payload_len,
 size_t build_roce(std::span<uint8_t> out, const PacketFields& f,
                   std::span<const uint8_t> payload, const IpUdpMeta& meta);
 
-// The 40-byte GRH area a UD receive buffer starts with (IBA 11.4.1.2 Post Receive; DESIGN.md
-// "Wire rules"), for a received datagram whose IP/UDP headers meta describes and whose UDP
+// The 40-byte GRH area a UD receive buffer starts with (IBA 11.4.1.2 Post Receive;
+// docs/wire.md §5), for a received datagram whose IP/UDP headers meta describes and whose UDP
 // payload (BTH .. ICRC) is roce_bytes long. IPv4: 20 zero bytes, then the IPv4 header exactly as
 // build_ip_datagram() writes it (meta.tos/ip_id/df/ttl, protocol 17, checksum). IPv6: the
 // IPv6 header (traffic class, flow label, hop limit, next header 17). Returns false (and

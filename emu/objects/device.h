@@ -42,7 +42,7 @@ struct DeviceConfig {
   // Limits override (0 = param.h default); tests use small values to hit ENOMEM.
   uint32_t max_mr = 0;
   uint32_t max_qp = 0;
-  // Opt-in strict source check (checks-and-faults §2.5; off by default, like rxe). RC/UC
+  // Opt-in strict source check (docs/checks.md §2.5; off by default, like rxe). RC/UC
   // packets must come from the connected peer's IP AND an expected UDP source port, else they
   // are dropped and counted (drop_src_port). strict_src_port == 0: the port of the first
   // packet that passes the IP check after the QP left RESET is latched per QP (real NICs use a

@@ -1,5 +1,5 @@
-// emu/objects/mr.cc: memory regions, reg_mr access-flag rules, the local SGE check (§2.4) and the
-// remote rkey check (§2.3) over MRs and MWs.
+// emu/objects/mr.cc: memory regions, reg_mr access-flag rules, the local SGE check and the
+// remote rkey check over MRs and MWs (docs/checks.md §2.4, §2.3).
 #include "emu/objects/mr.h"
 
 #include <fcntl.h>

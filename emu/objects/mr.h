@@ -1,5 +1,5 @@
 // emu/objects/mr.h: memory regions and the protection checks built on them: local SGE checks
-// (checks-and-faults §2.4, scenario S09) and the remote rkey check (§2.3, MR and MW paths),
+// (docs/checks.md §2.4, S09) and the remote rkey check (docs/checks.md §2.3, MR and MW paths),
 // plus address translation iova/window address -> host address.
 #pragma once
 
@@ -77,7 +77,7 @@ struct MrView {
   uint32_t key = 0;        // lkey == rkey
   MrState state = MrState::kInvalid;
 
-  // [va, va+len) inside [iova, iova+length), written so it cannot overflow (§2.3 step 6).
+  // [va, va+len) inside [iova, iova+length), overflow-free (docs/checks.md §2.3 step 6).
   bool in_range(uint64_t va, uint64_t len) const {
     return va >= iova && len <= length && va - iova <= length - len;
   }
@@ -147,10 +147,10 @@ Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t 
 
 // Which status a bad local lkey produces. kSpec (default): IBV_WC_LOC_PROT_ERR for every
 // local protection failure. kRxe: IBV_WC_LOC_QP_OP_ERR for an unknown/stale lkey, as Linux
-// rxe reports (checks-and-faults §2.4, §7 question 2; DeviceConfig::errors).
+// rxe reports (docs/checks.md §2.4, §7 question 2; DeviceConfig::errors).
 enum class ErrorsMode : uint8_t { kSpec = 0, kRxe = 1 };
 
-// Local SGE check (§2.4; S09): lkey names a live MR (full key match, state VALID), the MR's
+// Local SGE check (docs/checks.md §2.4; S09): lkey names a live MR (full key, VALID), the MR's
 // PD is `pd`, LOCAL_WRITE is granted when need_write (memory will be written: RECV scatter,
 // READ response, atomic result), and [addr, addr+length) lies inside the MR without
 // overflow. A zero-length SGE is always fine (nothing is touched). Returns kSuccess and, if
@@ -187,7 +187,7 @@ struct RemoteTarget {
   AccessGuard guard;       // declared last: released before mr
 };
 
-// Remote access check (§2.3), in rxe's order. `required` is kAccessRemoteRead,
+// Remote access check (docs/checks.md §2.3), in rxe's order. `required` is kAccessRemoteRead,
 // kAccessRemoteWrite or kAccessRemoteAtomic (derived from the opcode by the caller).
 // Zero-length READ/WRITE (len == 0 and required != atomic) return kOk without touching the
 // key table (C9-88); out->mr stays null. For atomics, checks 8-byte alignment of va last.

@@ -1,4 +1,4 @@
-// emu/objects/mw.cc: memory windows — state, bind (every check of checks-and-faults §2.4, S15),
+// emu/objects/mw.cc: memory windows — state, bind (every check of docs/checks.md §2.4, S15),
 // local and remote invalidation.
 #include "emu/objects/mw.h"
 

@@ -1,5 +1,5 @@
 // emu/objects/mw.h: memory windows, type 1 and type 2: allocation state, binding (all the checks
-// of checks-and-faults §2.4 "MW bind checks", scenario S15), invalidation (LOCAL_INV,
+// of docs/checks.md §2.4 "MW bind checks", scenario S15), invalidation (LOCAL_INV,
 // SEND_WITH_INV) and the MR bound-window count that makes dereg refuse.
 #pragma once
 
@@ -81,7 +81,7 @@ class Mw {
 
 // Execute a BIND_MW WQE for the QP (qp_pd, qpn): the function the requester calls when
 // it reaches a kBindMw WQE (both types; ibv_bind_mw for type 1 posts such a WQE).
-// Checks, in order (§2.4): MW exists with full mw_rkey; if length != 0 the MR exists with
+// In order (docs/checks.md §2.4): MW exists with full mw_rkey; if length != 0 the MR exists with
 // full mr_lkey; access bits ⊆ {REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, ZERO_BASED};
 // type 1: VALID and not zero-based; type 2: FREE, qp PD == MW PD, length != 0; MR PD ==
 // MW PD, MR not zero-based, MR has MW_BIND; REMOTE_WRITE/ATOMIC window needs MR
@@ -98,7 +98,7 @@ WcStatus bind_mw(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo& bin
 // VALID -> FREE. MR: fast-reg MRs only (none yet) -> failure. Failure -> kLocQpOpErr.
 WcStatus local_invalidate(Device& dev, const Pd* qp_pd, uint32_t rkey);
 
-// SEND_WITH_INV received (responder, IETH; §2.2 row 11). MW: full key match, same PD,
+// SEND_WITH_INV received (IETH; docs/checks.md §2.2 row 11). MW: full key match, same PD,
 // type 2, VALID -> FREE. A type-1 MW, an MR, or an unknown key -> false (Class J: recv WC
 // kRemInvReqErr). Nothing is invalidated on failure.
 bool remote_invalidate(Device& dev, const Pd* qp_pd, uint32_t rkey);

@@ -28,7 +28,7 @@ struct Row {
   uint32_t opt[3];
 };
 
-// IBA Vol 1 §11.2.5 / Table "QP state transition attributes" (as encoded in Linux
+// IBA Vol 1 11.2.5 / Table "QP state transition attributes" (as encoded in Linux
 // drivers/infiniband/core/verbs.c qp_state_table, for UD/UC/RC).
 Row table_row(QpState cur, QpState next) {
   using S = QpState;

@@ -25,7 +25,7 @@ struct Sge {
 
 // MW bind parameters (ibv_mw_bind_info + the MW), by key so no pointer crosses into a WQE.
 // mw_rkey: the MW's current rkey as the application knows it (ibv_mw::rkey) - a stale
-// value fails the bind (checks-and-faults §2.4 step 1). new_rkey: only its low byte is used
+// value fails the bind (docs/checks.md §2.4 MW bind step 1). new_rkey: only its low byte is used
 // (ibv_inc_rkey semantics: the application picks the new key byte). mr_lkey: the MR's lkey
 // (0 with length 0 = unbind for type 1).
 struct BindInfo {

@@ -27,7 +27,7 @@
 //  * timers: per-QP deadlines in CompState; the engine keeps one timerfd armed at the
 //    earliest one and the progress thread scans the registered QPs when it fires.
 // Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
-// device's receive lock of DESIGN.md; the timer lock is taken only to move the deadline
+// device's receive lock of docs/progress.md; the timer lock is taken only to move the deadline
 // earlier).
 #pragma once
 

@@ -1,7 +1,7 @@
 // emu/transport/recv.h: ingress (rxe_recv.c): every received datagram passes ICRC (first, counted),
 // parse, BTH, QPN, QP type/state, address binding (plus the opt-in strict UDP source port,
 // DeviceConfig::strict_src), P_Key and Q_Key checks — each failure a counted silent drop
-// (checks-and-faults §2.1) — and is then handed to the responder
+// (docs/checks.md §2.1) — and is then handed to the responder
 // (request opcodes) or the completer (responses) under that one QP's lock.
 #pragma once
 

@@ -626,7 +626,7 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
     std::memcpy(&c.imm_data, k.p.hdr + k.p.info->offset[wire::kHdrImmDt], 4);
   }
   if (k.mask & wire::kIethMask) {
-    // C10-44 / §2.2 row 11: invalidate after the data has landed. Failure is Class J.
+    // C10-44, docs/checks.md §2.2 row 11: invalidate once the data landed. Failure is Class J.
     const uint32_t rkey = k.p.ieth().inv_rkey();
     if (bound_to_other_qp(e.device(), qp, rkey)) {
       c.status = WcStatus::kRemInvReqErr;
@@ -849,7 +849,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
         const bool has_rk = k.rk != RkeyResult::kOk;
         const char* rk = rkey_result_name(k.rk);
         if (uc) {
-          // UC errors are Class D/E: drop the message, the QP stays in RTS (§2.2 6').
+          // UC errors are Class D/E: drop the message, QP stays RTS (docs/checks.md §2.2 row 6').
           if (st == Step::kErrLength || st == Step::kErrRecvProt) s.recv_offset = 0;
           s.uc_drop = !(k.mask & wire::kEndMask);
           uc_abort(qp);

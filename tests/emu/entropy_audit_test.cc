@@ -1,4 +1,4 @@
-// tests/emu/entropy_audit_test: S18 of checks-and-faults §6, the rkey/QPN/PSN predictability
+// tests/emu/entropy_audit_test: S18 of docs/scenarios.md, the rkey/QPN/PSN predictability
 // audit (ReDMArk V1-V6), for the default (rxe-like) and the secure-keys modes. Prints the
 // figures ("S18 ..." lines) and asserts the properties each mode promises (emu/objects/pool.h).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // tests/emu/protection_test.cc: PD/MR/MW protection. S09 local SGE checks, the remote rkey
-// check of §2.3 (MR and MW paths), S15 MW bind rules (each a named test with its status),
+// check of docs/checks.md §2.3 (MR and MW paths), S15 MW bind rules (each named, with its status),
 // S12/S13/S14 window semantics, S17 dereg while bound, rereg, reg_mr flag rules.
 #include <gtest/gtest.h>
 
@@ -114,7 +114,7 @@ TEST_F(Protection, S09_ZeroLengthSgeTouchesNothing) {
   EXPECT_EQ(local({0, 0, 0xBADBAD}, true), WcStatus::kSuccess);
 }
 
-// ------------------------------------------------------------------ remote (§2.3)
+// ------------------------------------------------------------------ remote (docs/checks.md §2.3)
 
 TEST_F(Protection, Remote_ValidWriteTranslates) {
   auto mr = reg(kAll, nullptr, 0x7000000);
@@ -255,7 +255,7 @@ TEST_F(Protection, MwType2BindWriteAndIncRkey) {
   auto mr = reg(kAll);
   auto mw = *env.dev->alloc_mw(env.pd, MwType::kType2);
   uint32_t before = mw->rkey();
-  // FREE type 2: not bound to this (or any) QP - §2.3 checks the QP binding first.
+  // FREE type 2: not bound to this (or any) QP - docs/checks.md §2.3 checks the QP binding first.
   EXPECT_EQ(remote(before, base(), 8, kAccessRemoteWrite), RkeyResult::kMwWrongQp);
   uint32_t nk = 0;
   ASSERT_EQ(bind(mw, mr, base() + 64, 128, kAccessRemoteWrite, 0x100, nullptr, &nk),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loader smoke test (abi-surface.md §5.4): every installed consumer of libibverbs starts
+# Loader smoke test (docs/abi.md §5.4): every installed consumer of libibverbs starts
 # against the shim, in LD_LIBRARY_PATH and in LD_PRELOAD mode, exits with the status it
 # gives with a working library (usage: its usage status; device queries: 0), with no
 # "symbol lookup error", no "version ... not found" and no "no version information".

@@ -1,4 +1,4 @@
-// Golden captures from real RoCEv2 hardware (../shared/roce-golden-pcaps): every RoCE packet
+// Golden captures from real RoCEv2 hardware (tests/data/roce-golden-pcaps): every RoCE packet
 // parses and its ICRC verifies; flipping any ICRC-covered bit breaks the check, changing a
 // masked field does not; our builder reproduces the captured bytes. Missing files FAIL.
 #include <gtest/gtest.h>
