@@ -49,4 +49,13 @@ for lib in base/libbase.a wire/libwire.a emu/objects/libemu_objects.a emu/transp
   done
   echo "ok: $lib: $(wc -w <<<"$objs") objects wait on layer_check"
 done
+# The README's folders table names every source folder (top level and emu/'s layers) and only
+# folders that exist.
+readme_dirs=$(sed -n '/^## Folders/,/^## /p' "$src/README.md" | grep -o '^| `[a-z_/]*/`' | sed 's/^| `//; s/`$//; s,/$,,' | sort)
+tree_dirs=$( (cd "$src" && for d in */ emu/*/; do d=${d%/}; case $d in build*|emu) continue;; esac; echo "$d"; done) | sort)
+if [ "$readme_dirs" != "$tree_dirs" ]; then
+  echo "FAIL: README folders table != tree:"; diff <(echo "$readme_dirs") <(echo "$tree_dirs"); fail=1
+else
+  echo "ok: README folders table lists: $(echo $readme_dirs)"
+fi
 exit $fail
