@@ -3,6 +3,7 @@
 // side is a real FaultEngine.
 #include "emu/services/control.h"
 #include "tools/control_client.h"
+#include "wire/port.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -294,6 +295,7 @@ TEST_F(ControlSocketTest, InfoNamesDeviceAndPid) {
 }
 
 TEST_F(ControlSocketTest, FaultAddListClearRoundTrip) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   FakeTarget t;
   ControlServer* s = start(&t);
   std::string err;
@@ -765,6 +767,7 @@ TEST_F(ControlCliTest, StatsPrintsNameValueLines) {
 }
 
 TEST_F(ControlCliTest, FaultAddListClear) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   FakeTarget t;
   start(&t);
   CmdResult r = ctl("fault add 'rule w dir=tx class=write => drop'");
@@ -779,6 +782,20 @@ TEST_F(ControlCliTest, FaultAddListClear) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("nosuchkey"), std::string::npos) << r.out;
   EXPECT_EQ(ctl("fault clear").status, 0);
+  r = ctl("fault list");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "");
+}
+
+// -Dfault_injection=false: `fault add` fails (exit 1) with the engine's message naming the
+// build option; the list stays empty.
+TEST_F(ControlCliTest, FaultAddRefusedWithoutFaultInjection) {
+  if (wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled in";
+  FakeTarget t;
+  start(&t);
+  CmdResult r = ctl("fault add 'rule w dir=tx class=write => drop'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("fault injection is compiled out of this build"), std::string::npos) << r.out;
   r = ctl("fault list");
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out, "");
@@ -860,6 +877,12 @@ TEST_F(ControlCliTest, JsonOutputForStatsAndFaultList) {
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("\"counters\":{\"sent_pkts\":102,\"rcvd_pkts\":7}}\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"delta\":{\"sent_pkts\":1,\"rcvd_pkts\":0}"), std::string::npos) << r.out;
+  if (!wire::kFaultInjection) {
+    r = ctl("fault add rule d 'p=0.1' '=>' dup");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("fault injection is compiled out"), std::string::npos) << r.out;
+    GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false): fault list --json not checked";
+  }
   ASSERT_EQ(ctl("fault add rule d 'p=0.1' '=>' dup").status, 0);
   r = ctl("fault list --json", false);
   EXPECT_EQ(r.status, 0);
