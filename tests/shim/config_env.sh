@@ -10,6 +10,9 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 fail=0
+# Read, then unset: the shim would warn about this SOFTRNIC_* name (unknown_var_once counts).
+fault_injection=${SOFTRNIC_TEST_FAULT_INJECTION:-true}
+unset SOFTRNIC_TEST_FAULT_INJECTION
 run() { timeout -k 5 30 "$launch" -- "$@"; }
 
 check() {  # name, expected-exit (0|nz), regex, env assignment..., -- cmd...
@@ -52,6 +55,18 @@ err=$(SOFTRNIC_LOG=info SOFTRNIC_LOG_FILE="$work/shim.log" timeout -k 5 30 "$lau
 if grep -q 'info: device softrnic0 on' "$work/shim.log" 2>/dev/null && ! grep -q 'device softrnic0' <<<"$err"; then
   echo "ok   log_file"
 else echo "FAIL log_file: stderr='$err' file='$(cat "$work/shim.log" 2>/dev/null)'"; fail=1; fi
+
+# Built with -Dfault_injection=false (meson passes SOFTRNIC_TEST_FAULT_INJECTION=false): capture
+# rides on the compiled-out packet hook, so SOFTRNIC_PCAP must be refused (never an empty file);
+# the ping-pong capture below cannot run: exit 77 (a skip) when everything above passed.
+if [ "$fault_injection" = false ]; then
+  check pcap_refused_nofault nz 'SOFTRNIC_PCAP: capture needs the packet hook' \
+    SOFTRNIC_PCAP="$work/x.pcap" -- ibv_devinfo
+  [ ! -e "$work/x.pcap" ] || { echo "FAIL pcap_refused_nofault: $work/x.pcap was created"; fail=1; }
+  [ "$fail" = 0 ] || exit 1
+  echo "SKIP pcap pingpong: fault injection (the packet hook) is compiled out (-Dfault_injection=false)"
+  exit 77
+fi
 
 # SOFTRNIC_PCAP on both sides of an RC ping-pong; tshark must decode every packet as RoCE,
 # none malformed (ICRC values themselves are checked by the wire tests).
