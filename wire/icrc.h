@@ -1,5 +1,5 @@
-// RoCEv2 Invariant CRC (ICRC) generate/check over IPv4/IPv6 + UDP + IB transport, per DESIGN.md
-// "Wire rules": CRC-32 over 8 bytes 0xFF, the IP header with TOS/TTL/checksum (v4) or traffic
+// RoCEv2 Invariant CRC (ICRC) generate/check over IPv4/IPv6 + UDP + IB transport, per docs/wire.md
+// §2: CRC-32 over 8 bytes 0xFF, the IP header with TOS/TTL/checksum (v4) or traffic
 // class/flow label/hop limit (v6) set to ones, UDP with checksum ones, BTH with byte 4 ones, then
 // the rest. Value convention: an ICRC is a uint32_t whose little-endian bytes are the 4 bytes on
 // the wire (== standard zlib-style CRC-32 of the masked pseudo packet); compare with

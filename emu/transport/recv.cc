@@ -1,4 +1,4 @@
-// emu/transport/recv.cc: ingress checks in the order of checks-and-faults §2.1 (ICRC first), then
+// emu/transport/recv.cc: ingress checks in the order of docs/checks.md §2.1 (ICRC first), then
 // dispatch to resp (requests) or comp (responses); each drop logs one rate-limited line.
 #include "emu/transport/recv.h"
 
@@ -112,7 +112,7 @@ void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc, const wire::RxDesc
 void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
                  uint32_t seg_index) {
   Counters& dc = e.counters();
-  // 1. ICRC first: a corrupted packet must never touch QP state (§2.1 item 7).
+  // 1. ICRC first: a corrupted packet must never touch QP state (docs/checks.md §2.1 item 7).
   if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) {
     dc.add(Ctr::kDropMalformed);
     RNIC_PKT_LOG("drop", "datagram shorter than BTH + ICRC", Ctr::kDropMalformed, d.src,

@@ -1,4 +1,4 @@
-// tests/emu/proto_scenarios_test.cc: the conformance scenarios of checks-and-faults §6
+// tests/emu/proto_scenarios_test.cc: the conformance scenarios of docs/scenarios.md
 // (S01-S17 protection, S21-S30 reliability) as named tests. Two devices C (client,
 // 127.0.0.2) and S (server, 127.0.0.3) on an in-memory network, RC, path MTU 1024,
 // timeout 14, retry_cnt 7, rnr_retry 7 unless stated. Driven by hand: packets move on
