@@ -69,7 +69,7 @@ WcStatus MwOps::bind(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo&
   if (b.access & ~(kSupported | kAccessOptionalRange)) return kErr;
   const bool zero_based = (b.access & kAccessZeroBased) != 0;
 
-  // Every check of §2.4, run under the MW lock (twice: before and after draining).
+  // Every check of docs/checks.md §2.4, run under the MW lock (twice: before and after draining).
   auto checks_locked = [&]() -> bool {
     if (mw->rkey_ != b.mw_rkey) return false;  // raced with another bind
     if (mw->type_ == MwType::kType1) {
