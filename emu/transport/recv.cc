@@ -107,142 +107,166 @@ void count_addr_drop(AddrCheck a, Counters& qc, Counters& dc, const wire::RxDesc
   }
 }
 
-}  // namespace
-
-void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
-                 uint32_t seg_index) {
-  Counters& dc = e.counters();
-  // 1. ICRC first: a corrupted packet must never touch QP state (docs/checks.md §2.1 item 7).
+// Step 1: ICRC first: a corrupted packet must never touch QP state (docs/checks.md §2.1 item 7).
+// IP-ID policy (docs/wire.md §3): the socket hides the IPv4 ID the ICRC covers. Try ID 0
+// (Linux with DF on an unconnected socket, most hardware), then the ID this segment of a GRO
+// buffer left with (base + k: a GSO sender), then solve for the one ID that matches (hardware
+// peers choosing incrementing or random IDs, a cut GSO batch). One CRC pass.
+bool icrc_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
+             uint32_t seg_index) {
   if (roce.size() < wire::kBthBytes + wire::kIcrcBytes) {
     dc.add(Ctr::kDropMalformed);
     RNIC_PKT_LOG("drop", "datagram shorter than BTH + ICRC", Ctr::kDropMalformed, d.src,
                  raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
-    return;
+    return false;
   }
-  // IP-ID policy (docs/wire.md §3): the socket hides the IPv4 ID the ICRC covers. Try ID 0
-  // (Linux with DF on an unconnected socket, most hardware), then the ID this segment of a
-  // GRO buffer left with (base + k: a GSO sender), then solve for the one ID that matches
-  // (hardware peers choosing incrementing or random IDs, a cut GSO batch). One CRC pass.
   const wire::IpUdpMeta meta = wire::meta_between(d.src, d.dst);
   const wire::IcrcVerdict iv = wire::icrc_verify_rx(
       meta, roce, static_cast<uint16_t>(d.ip_id + seg_index));
   switch (iv.match) {
-    case wire::IcrcMatch::kIdZero: dc.add(Ctr::kIcrcIdZero); break;
-    case wire::IcrcMatch::kIdHint: dc.add(Ctr::kIcrcIdGro); break;
-    case wire::IcrcMatch::kIdSolved: dc.add(Ctr::kIcrcIdSolved); break;
-    case wire::IcrcMatch::kNone:
-      dc.add(Ctr::kIcrcErr);
-      RNIC_PKT_LOG("drop", "bad ICRC", Ctr::kIcrcErr, d.src, raw_bth(roce).qpn,
-                   raw_bth(roce).opcode, raw_bth(roce).psn);
-      return;
+    case wire::IcrcMatch::kIdZero: dc.add(Ctr::kIcrcIdZero); return true;
+    case wire::IcrcMatch::kIdHint: dc.add(Ctr::kIcrcIdGro); return true;
+    case wire::IcrcMatch::kIdSolved: dc.add(Ctr::kIcrcIdSolved); return true;
+    case wire::IcrcMatch::kNone: break;
   }
-  // ECN CE marks (IP TOS low bits 11) are counted; the packet is processed as usual.
-  if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
-  // 2. Parse (lengths, TVer, opcode).
-  wire::PacketView p;
-  if (wire::ParseError pe = wire::parse_roce(roce, &p); pe != wire::ParseError::kOk) {
+  dc.add(Ctr::kIcrcErr);
+  RNIC_PKT_LOG("drop", "bad ICRC", Ctr::kIcrcErr, d.src, raw_bth(roce).qpn,
+               raw_bth(roce).opcode, raw_bth(roce).psn);
+  return false;
+}
+
+// Step 2: parse (lengths, TVer, opcode) and keep only requests and responses. CNPs are
+// counted and consumed here. False: dropped or consumed.
+bool parse_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
+              wire::PacketView* p) {
+  if (wire::ParseError pe = wire::parse_roce(roce, p); pe != wire::ParseError::kOk) {
     dc.add(Ctr::kDropMalformed);
     RNIC_PKT_LOG_D("drop", "malformed:", wire::parse_error_name(pe), Ctr::kDropMalformed,
                    d.src, raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
-    return;
+    return false;
   }
-  const bool is_req = p.has(wire::kReqMask);
-  if (wire::is_cnp(p.opcode)) {
+  if (wire::is_cnp(p->opcode)) {
     // RoCEv2 CNP (congestion notification, opcode 0x81): counted and accepted; the sending
     // rate does not adapt to it yet (issue 11), and it never touches QP state.
     dc.add(Ctr::kCnpRcvd);
-    RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p.bth().dest_qp());
-    return;
+    RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p->bth().dest_qp());
+    return false;
   }
-  if (!is_req && !p.has(wire::kAckMask)) {  // other non-request, non-response: nothing to do
+  if (!p->has(wire::kReqMask) && !p->has(wire::kAckMask)) {
     dc.add(Ctr::kDropBadState);
     RNIC_PKT_LOG("drop", "neither a request nor a response (CNP?)", Ctr::kDropBadState, d.src,
-                 p.bth().dest_qp(), p.opcode, p.bth().psn());
-    return;
+                 p->bth().dest_qp(), p->opcode, p->bth().psn());
+    return false;
   }
-  // 3. QPN (0 and the multicast QPN are not served).
+  return true;
+}
+
+// Step 3: the destination QP (0 and the multicast QPN are not served). nullptr: dropped.
+std::shared_ptr<Qp> find_dest_qp(Engine& e, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
   const auto bth = p.bth();
   const uint32_t qpn = bth.dest_qp();
   if (qpn == 0 || qpn == wire::kPsnMask) {
     dc.add(Ctr::kDropUnknownQpn);
     RNIC_PKT_LOG("drop", "QP0 / multicast QPN not served", Ctr::kDropUnknownQpn, d.src, qpn,
                  p.opcode, bth.psn());
-    return;
+    return nullptr;
   }
   std::shared_ptr<Qp> qp = e.device().find_qp(qpn);
   if (!qp) {
     dc.add(Ctr::kDropUnknownQpn);
     RNIC_PKT_LOG("drop", "unknown QPN", Ctr::kDropUnknownQpn, d.src, qpn, p.opcode, bth.psn());
-    return;
   }
-  Counters& qc = qp->comp_.ctr;
-  // 4. QP type vs opcode class, QP state (requests: responder in RTR or later; responses:
-  // requester in RTS/SQD).
-  const QpState st = qp->state();
+  return qp;
+}
+
+// Steps 4 and 5: QP type vs opcode class, QP state (requests: responder in RTR or later;
+// responses: requester in RTS/SQD), P_Key.
+bool qp_accepts(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p,
+                bool is_req) {
+  Counters& dc = e.counters();
+  Counters& qc = qp.comp_.ctr;
+  const auto bth = p.bth();
+  const uint32_t qpn = bth.dest_qp();
+  const QpState st = qp.state();
   const bool state_ok = is_req ? (st == QpState::kRtr || st == QpState::kRts ||
                                   st == QpState::kSqd || st == QpState::kSqe)
                                : (st == QpState::kRts || st == QpState::kSqd);
-  if (!type_matches(qp->type(), p.opcode)) {
+  if (!type_matches(qp.type(), p.opcode)) {
     bump(qc, dc, Ctr::kDropBadState);
-    RNIC_PKT_LOG_D("drop", "opcode is not for a QP of type", qp_type_name(qp->type()),
+    RNIC_PKT_LOG_D("drop", "opcode is not for a QP of type", qp_type_name(qp.type()),
                    Ctr::kDropBadState, d.src, qpn, p.opcode, bth.psn());
-    return;
+    return false;
   }
   if (!state_ok) {
     bump(qc, dc, Ctr::kDropBadState);
     RNIC_PKT_LOG_D("drop", is_req ? "request refused in QP state" : "response refused in QP state",
                    qp_state_name(st), Ctr::kDropBadState, d.src, qpn, p.opcode, bth.psn());
-    return;
+    return false;
   }
-  // 5. P_Key.
   if (!pkey_ok(bth.pkey())) {
     bump(qc, dc, Ctr::kBadPkeyCntr);
     e.device().count_bad_pkey();
     RNIC_PKT_LOG("drop", "bad P_Key", Ctr::kBadPkeyCntr, d.src, qpn, p.opcode, bth.psn());
-    return;
+    return false;
   }
+  return true;
+}
 
-  if (is_req) {
-    RespOutcome out;
-    {
-      std::lock_guard lk(qp->recv_mutex());
-      if (qp->comp_.dead) {
-        RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
-        return;
-      }
-      // 6. Address binding (RC/UC) and Q_Key (UD).
-      const AddrCheck a = addr_ok(e, *qp, d);
-      if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
-        count_addr_drop(a, qc, dc, d, p);
-        return;
-      }
-      if (qp->type() == QpType::kUd && p.deth().qkey() != qp->attr().qkey) {
-        bump(qc, dc, Ctr::kQkeyViolCntr);
-        e.device().count_qkey_viol();
-        RNIC_PKT_LOG("drop", "Q_Key mismatch", Ctr::kQkeyViolCntr, d.src, qpn, p.opcode,
-                     bth.psn());
-        return;
-      }
-      bump(qc, dc, Ctr::kRcvdPkts);
-      RNIC_TRACE("rx: %s from %s to qpn 0x%x psn %u len %zu -> responder",
-                 opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
-                 p.payload_len);
-      out = resp_on_packet(e, *qp, p, d);
-      if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(*qp, d);
+// Step 6 for a request, under the QP's receive lock: address binding (RC/UC) and Q_Key (UD),
+// then the responder. A fatal outcome moves the QP to ERR after the receive lock is released
+// (lock order is send -> receive).
+void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
+  Counters& qc = qp.comp_.ctr;
+  const auto bth = p.bth();
+  const uint32_t qpn = bth.dest_qp();
+  RespOutcome out;
+  {
+    std::lock_guard lk(qp.recv_mutex());
+    if (qp.comp_.dead) {
+      RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
+      return;
     }
-    if (out == RespOutcome::kFatal) {
-      // Class A/C/G/J: the responder's QP goes to ERR. Lock order is send -> receive.
-      std::scoped_lock lk(qp->send_mutex(), qp->recv_mutex());
-      if (!qp->comp_.dead && qp->state() != QpState::kErr) qp->enter_error_locked(false);
+    const AddrCheck a = addr_ok(e, qp, d);
+    if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
+      count_addr_drop(a, qc, dc, d, p);
+      return;
     }
-    return;
+    if (qp.type() == QpType::kUd && p.deth().qkey() != qp.attr().qkey) {
+      bump(qc, dc, Ctr::kQkeyViolCntr);
+      e.device().count_qkey_viol();
+      RNIC_PKT_LOG("drop", "Q_Key mismatch", Ctr::kQkeyViolCntr, d.src, qpn, p.opcode,
+                   bth.psn());
+      return;
+    }
+    bump(qc, dc, Ctr::kRcvdPkts);
+    RNIC_TRACE("rx: %s from %s to qpn 0x%x psn %u len %zu -> responder",
+               opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
+               p.payload_len);
+    out = resp_on_packet(e, qp, p, d);
+    // Only a packet that passed every transport check may take the strict-source latch.
+    if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(qp, d);
   }
-  std::lock_guard lk(qp->send_mutex());
-  if (qp->comp_.dead) {
+  if (out == RespOutcome::kFatal) {
+    // Class A/C/G/J: the responder's QP goes to ERR.
+    std::scoped_lock lk(qp.send_mutex(), qp.recv_mutex());
+    if (!qp.comp_.dead && qp.state() != QpState::kErr) qp.enter_error_locked(false);
+  }
+}
+
+// Step 6 for a response, under the QP's send lock: address binding, then the completer.
+void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
+  Counters& qc = qp.comp_.ctr;
+  const auto bth = p.bth();
+  const uint32_t qpn = bth.dest_qp();
+  std::lock_guard lk(qp.send_mutex());
+  if (qp.comp_.dead) {
     RNIC_PKT_LOG_NC("drop", "QP is being destroyed", d.src, qpn, p.opcode, bth.psn());
     return;
   }
-  const AddrCheck a = addr_ok(e, *qp, d);
+  const AddrCheck a = addr_ok(e, qp, d);
   if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
     count_addr_drop(a, qc, dc, d, p);
     return;
@@ -253,9 +277,31 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
              p.payload_len);
   // A response passed every completer check when it acknowledged something: the oldest
   // unacknowledged PSN moved (comp.cc); only then may it latch the strict source port.
-  const uint32_t acked_before = qp->comp_.psn;
-  comp_on_packet(e, *qp, p);
-  if (a == AddrCheck::kOkUnlatched && qp->comp_.psn != acked_before) latch_src(*qp, d);
+  const uint32_t acked_before = qp.comp_.psn;
+  comp_on_packet(e, qp, p);
+  if (a == AddrCheck::kOkUnlatched && qp.comp_.psn != acked_before) latch_src(qp, d);
+}
+
+}  // namespace
+
+// Ingress in the order of docs/checks.md §2.1; each step counts and logs what it drops.
+void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
+                 uint32_t seg_index) {
+  Counters& dc = e.counters();
+  if (!icrc_ok(dc, d, roce, seg_index)) return;
+  // ECN CE marks (IP TOS low bits 11) are counted; the packet is processed as usual.
+  if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
+  wire::PacketView p;
+  if (!parse_ok(dc, d, roce, &p)) return;
+  std::shared_ptr<Qp> qp = find_dest_qp(e, d, p);
+  if (!qp) return;
+  const bool is_req = p.has(wire::kReqMask);
+  if (!qp_accepts(e, *qp, d, p, is_req)) return;
+  if (is_req) {
+    deliver_request(e, *qp, d, p);
+  } else {
+    deliver_response(e, *qp, d, p);
+  }
 }
 
 }  // namespace rnic::emu
