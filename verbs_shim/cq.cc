@@ -63,6 +63,7 @@ int ex_next(ibv_cq_ex* cq) {
 }
 int ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
+  if (inherited(cq->context)) return EIO;
   return ex_next(cq);
 }
 void ex_end_poll(ibv_cq_ex*) {}
@@ -148,6 +149,7 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
 int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   if (n <= 0) return 0;
   if (cq == nullptr || wc == nullptr) return -1;
+  if (inherited(cq->context)) return -1;  // the parent's CQ: never drive its socket
   Cq* c = to_cq(cq);
   emu::Cqe tmp[16];
   int done = 0;
@@ -163,6 +165,7 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
 
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
   if (cq == nullptr) return EINVAL;
+  if (inherited(cq->context)) return EIO;
   return err_of(to_cq(cq)->emu_->req_notify(solicited_only != 0));
 }
 
@@ -211,6 +214,7 @@ SHIM_EXPORT int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
 
 SHIM_EXPORT int ibv_destroy_cq(struct ibv_cq* cq) {
   if (cq == nullptr) return EINVAL;
+  if (inherited(cq->context)) return fail_errno(EIO);
   return guard_int([&] {
     Cq* c = to_cq(cq);
     ibv_context* context = cq->context;

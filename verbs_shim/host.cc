@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <pthread.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -20,10 +21,25 @@
 #include "verbs_shim/shim.h"
 
 namespace rnic::shim {
+
+std::atomic<uint64_t> g_fork_generation{0};
+
 namespace {
 
 std::mutex g_host_mu;
 Host* g_host = nullptr;  // one device per process in embedded mode
+bool g_atfork_installed = false;  // guarded by g_host_mu
+
+// fork(): hold g_host_mu across it so the child never inherits it locked mid-update. The
+// child forgets the parent's host (leaked on purpose: its threads are gone, and closing
+// its socket or stopping its engine is the parent's business) and starts a new generation.
+void atfork_prepare() { g_host_mu.lock(); }
+void atfork_parent() { g_host_mu.unlock(); }
+void atfork_child() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_host = nullptr;
+  g_host_mu.unlock();
+}
 
 // Tries to bind UDP 4791 on `ip`; returns 0 if the address is free (socket closed again),
 // else the errno (EADDRINUSE when another device holds it).
@@ -174,6 +190,11 @@ int start_device(Host* h) {
 
 int host_acquire(DeviceEntry* dev, Host** out) {
   std::lock_guard<std::mutex> lk(g_host_mu);
+  if (!g_atfork_installed) {
+    int rc = pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    if (rc != 0) return rc;
+    g_atfork_installed = true;
+  }
   if (g_host != nullptr && g_host->dev_entry_ == dev) {
     ++g_host->refs_;
     *out = g_host;
@@ -186,6 +207,7 @@ int host_acquire(DeviceEntry* dev, Host** out) {
     return EINVAL;
   }
   auto h = std::make_unique<Host>();
+  h->fork_gen_ = g_fork_generation.load(std::memory_order_relaxed);
   h->dev_entry_ = dev;
   h->cfg_ = cfg;
   int rc = 0;
@@ -224,6 +246,7 @@ int host_acquire(DeviceEntry* dev, Host** out) {
 
 void host_release(Host* host) {
   if (host == nullptr) return;
+  if (host_inherited(host)) return;  // the parent's: never stop its engine from a child
   {
     std::lock_guard<std::mutex> lk(g_host_mu);
     if (--host->refs_ > 0) return;
@@ -249,6 +272,7 @@ void host_add_context(Host* host, Context* ctx) {
 }
 
 void host_remove_context(Host* host, Context* ctx) {
+  if (host_inherited(host)) return;  // its mutex may have been held by a thread at fork
   std::lock_guard<std::mutex> lk(host->ctx_mu_);
   auto& v = host->contexts_;
   v.erase(std::remove(v.begin(), v.end(), ctx), v.end());

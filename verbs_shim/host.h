@@ -35,7 +35,20 @@ struct Host {
   std::vector<Context*> contexts_;
   int stop_fd_ = -1;
   std::thread dispatcher_;
+  uint64_t fork_gen_ = 0;  // g_fork_generation when started (see host_inherited)
 };
+
+// Fork safety. A pthread_atfork child handler (installed by the first host_acquire) bumps
+// this generation and forgets the running host without touching it: in a forked child the
+// engine's threads do not exist and its socket still belongs to the parent, so every object
+// of an older generation is the parent's. Verbs on them fail with EIO (what rdma-core
+// returns once the kernel has disassociated a device from the file: the process no longer
+// owns it) and never reach the engine or its socket; poll_cq returns -1. A new
+// ibv_open_device in the child starts its own engine on a new address.
+extern std::atomic<uint64_t> g_fork_generation;
+inline bool host_inherited(const Host* h) {
+  return h->fork_gen_ != g_fork_generation.load(std::memory_order_relaxed);
+}
 
 // Starts (or references) the engine of `dev`. Returns 0 or a positive errno; a bad
 // SOFTRNIC_* value prints a message naming the variable and returns EINVAL.

@@ -127,6 +127,7 @@ SHIM_EXPORT struct ibv_pd* ibv_alloc_pd(struct ibv_context* context) {
 
 SHIM_EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
   if (pd == nullptr) return EINVAL;
+  if (inherited(pd->context)) return fail_errno(EIO);
   return guard_int([&] {
     Pd* p = to_pd(pd);
     emu::Status st = to_ctx(pd->context)->emu_->dealloc_pd(p->emu_);
@@ -204,6 +205,7 @@ SHIM_EXPORT int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, vo
 
 SHIM_EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
   if (mr == nullptr) return EINVAL;
+  if (inherited(mr->context)) return fail_errno(EIO);
   return guard_int([&] {
     Mr* m = to_mr(mr);
     emu::Status st = to_ctx(mr->context)->emu_->dereg_mr(m->emu_);

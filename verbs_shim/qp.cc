@@ -207,6 +207,10 @@ void wr_abort(ibv_qp_ex* x) { wr_start(x); }
 
 int wr_complete(ibv_qp_ex* x) {
   Qp* q = to_qp(x);
+  if (inherited(x->qp_base.context)) {
+    wr_abort(x);
+    return EIO;
+  }
   int err = q->batch_err_;
   size_t n = q->batch_.size();
   if (err == 0 && n > 0) {
@@ -473,6 +477,10 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (bad) *bad = wr;
     return EINVAL;
   }
+  if (inherited(qp->context)) {
+    if (bad) *bad = wr;
+    return EIO;
+  }
   Qp* q = to_qp(qp);
   constexpr int kBatch = 16;
   emu::SendWr buf[kBatch];
@@ -511,6 +519,10 @@ int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   if (qp == nullptr) {
     if (bad) *bad = wr;
     return EINVAL;
+  }
+  if (inherited(qp->context)) {
+    if (bad) *bad = wr;
+    return EIO;
   }
   Qp* q = to_qp(qp);
   return post_recv_chain(wr, bad, [q](const emu::RecvWr* w, int n, int* b) {
@@ -558,6 +570,7 @@ SHIM_EXPORT struct ibv_qp* ibv_create_qp(struct ibv_pd* pd, struct ibv_qp_init_a
 
 SHIM_EXPORT int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask) {
   if (qp == nullptr || attr == nullptr) return EINVAL;
+  if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);
     emu::QpAttr ea = qp_attr_to_emu(*attr);
@@ -594,6 +607,7 @@ SHIM_EXPORT int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int at
 
 SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
   if (qp == nullptr) return EINVAL;
+  if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);
     emu::Status st = to_ctx(qp->context)->emu_->destroy_qp(q->emu_);

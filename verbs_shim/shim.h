@@ -20,6 +20,7 @@
 
 #include "emu/objects/device.h"
 #include "verbs_shim/config.h"
+#include "verbs_shim/host.h"
 
 // Marks a function that leaves the library (the version script still decides the node).
 #define SHIM_EXPORT extern "C" __attribute__((visibility("default")))
@@ -67,6 +68,12 @@ inline Context* to_ctx(ibv_context* c) {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
 }
 inline ibv_context* from_ctx(Context* c) { return &c->vctx_.context; }
+
+// True for an object a forked child inherited from its parent (host.h, fork safety): every
+// verb on it fails with EIO and never reaches the engine.
+inline bool inherited(const ibv_context* c) {
+  return host_inherited(to_ctx(const_cast<ibv_context*>(c))->host_);
+}
 
 // Fills every ibv_context_ops and verbs_context op slot (context.cc).
 void fill_ops(Context* ctx);

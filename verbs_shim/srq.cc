@@ -51,6 +51,10 @@ int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return EINVAL;
   }
+  if (inherited(srq->context)) {
+    if (bad) *bad = wr;
+    return EIO;
+  }
   Srq* s = to_srq(srq);
   return post_recv_chain(wr, bad, [s](const emu::RecvWr* w, int n, int* b) {
     return s->emu_->post_recv(w, n, b);
@@ -113,6 +117,7 @@ SHIM_EXPORT int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
 
 SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq* srq) {
   if (srq == nullptr) return EINVAL;
+  if (inherited(srq->context)) return fail_errno(EIO);
   return guard_int([&] {
     Srq* s = to_srq(srq);
     emu::Status st = to_ctx(srq->context)->emu_->destroy_srq(s->emu_);
