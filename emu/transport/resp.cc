@@ -782,6 +782,80 @@ void resp_flush_held(Qp& qp) {
   s.cur = RespState::kNone;
 }
 
+// Terminal state kRnr: RC answers with an RNR NAK; UC drops the message (no receive WQE).
+RespOutcome on_rnr(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  if (qp.type() == QpType::kUc) {
+    s.uc_drop = true;
+    uc_abort(qp);
+    bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+    RESP_LOG("drop", "UC message without a receive WQE", Ctr::kUcDropped, qp, k);
+    return RespOutcome::kOk;
+  }
+  bump(qp.comp_.ctr, dctr(e), Ctr::kSendRnrErr);
+  RESP_LOG("nak", "RNR: no receive WQE", Ctr::kSendRnrErr, qp, k);
+  send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
+  // The rest of the message is already on its way; the RNR NAK stands for the gap it
+  // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
+  s.nak_sent = true;
+  return RespOutcome::kOk;
+}
+
+// Terminal error states (kErr*): UC drops the message and stays in RTS (Class D/E); RC
+// completes the held receive WQE with the error where one is held, sends the NAK the class
+// calls for (docs/checks.md §2.2) and reports the QP fatal.
+RespOutcome on_error(Engine& e, Qp& qp, const Pkt& k, Step st) {
+  RespState& s = qp.resp_;
+  const wire::PacketView& p = k.p;
+  const wire::RxDesc& d = k.d;
+  const bool uc = qp.type() == QpType::kUc;
+  const char* why = k.why ? k.why : step_name(st);
+  const bool has_rk = k.rk != RkeyResult::kOk;
+  const char* rk = rkey_result_name(k.rk);
+  if (uc) {
+    // UC errors are Class D/E: drop the message, QP stays RTS (docs/checks.md §2.2 row 6').
+    if (st == Step::kErrLength || st == Step::kErrRecvProt) s.recv_offset = 0;
+    s.uc_drop = !(k.mask & wire::kEndMask);
+    uc_abort(qp);
+    bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
+    if (has_rk) {
+      RESP_LOG_D("drop", why, rk, Ctr::kUcDropped, qp, k);
+    } else {
+      RESP_LOG("drop", why, Ctr::kUcDropped, qp, k);
+    }
+    return RespOutcome::kOk;
+  }
+  const bool rxe = e.device().config().errors == ErrorsMode::kRxe;
+  if (st == Step::kErrLength) {
+    complete_held_error(qp, rxe ? WcStatus::kRemInvReqErr : WcStatus::kLocLenErr);
+    send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+    RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
+  } else if (st == Step::kErrRecvProt) {
+    complete_held_error(qp, rxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr);
+    send_nak(e, qp, aeth::kNakRemoteOperationalError, k.psn);
+    RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
+  } else if (st == Step::kErrInvReq) {
+    send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
+    RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
+  } else if (st == Step::kErrRkey) {
+    send_nak(e, qp, aeth::kNakRemoteAccessError, k.psn);
+    if (has_rk) {
+      RESP_LOG_D("nak", why, rk, Ctr::kRemAccessNakSent, qp, k);
+    } else {
+      RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
+    }
+  } else if (st == Step::kErrNakSent) {
+    RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
+  } else if (st == Step::kErrInvalidate) {
+    // rxe: no NAK for Class J; the ACK goes out normally, the receive WC reports it.
+    acknowledge(e, qp, k);
+    RNIC_PKT_LOG_NC("refuse", why, d.src, qp.qpn(), p.opcode, k.psn);
+  } else if (st == Step::kErrCqOverflow) {
+    RNIC_PKT_LOG_NC("drop", why, d.src, qp.qpn(), p.opcode, k.psn);
+  }
+  return RespOutcome::kFatal;
+}
+
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d) {
   RespState& s = qp.resp_;
   Pkt k{p, d, p.info->mask, p.bth().psn(), static_cast<uint32_t>(p.payload_len)};
@@ -823,74 +897,15 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       case Step::kDuplicate:
         return duplicate(e, qp, k) ? RespOutcome::kFatal : RespOutcome::kOk;
       case Step::kRnr:
-        if (uc) {
-          // UC: no receive WQE -> drop the message.
-          s.uc_drop = true;
-          uc_abort(qp);
-          bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
-          RESP_LOG("drop", "UC message without a receive WQE", Ctr::kUcDropped, qp, k);
-          return RespOutcome::kOk;
-        }
-        bump(qp.comp_.ctr, dctr(e), Ctr::kSendRnrErr);
-        RESP_LOG("nak", "RNR: no receive WQE", Ctr::kSendRnrErr, qp, k);
-        send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
-        // The rest of the message is already on its way; the RNR NAK stands for the gap it
-        // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
-        s.nak_sent = true;
-        return RespOutcome::kOk;
+        return on_rnr(e, qp, k);
       case Step::kErrInvReq:
       case Step::kErrLength:
       case Step::kErrRkey:
       case Step::kErrRecvProt:
       case Step::kErrCqOverflow:
       case Step::kErrInvalidate:
-      case Step::kErrNakSent: {
-        const char* why = k.why ? k.why : step_name(st);
-        const bool has_rk = k.rk != RkeyResult::kOk;
-        const char* rk = rkey_result_name(k.rk);
-        if (uc) {
-          // UC errors are Class D/E: drop the message, QP stays RTS (docs/checks.md §2.2 row 6').
-          if (st == Step::kErrLength || st == Step::kErrRecvProt) s.recv_offset = 0;
-          s.uc_drop = !(k.mask & wire::kEndMask);
-          uc_abort(qp);
-          bump(qp.comp_.ctr, dctr(e), Ctr::kUcDropped);
-          if (has_rk) {
-            RESP_LOG_D("drop", why, rk, Ctr::kUcDropped, qp, k);
-          } else {
-            RESP_LOG("drop", why, Ctr::kUcDropped, qp, k);
-          }
-          return RespOutcome::kOk;
-        }
-        const bool rxe = e.device().config().errors == ErrorsMode::kRxe;
-        if (st == Step::kErrLength) {
-          complete_held_error(qp, rxe ? WcStatus::kRemInvReqErr : WcStatus::kLocLenErr);
-          send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
-          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
-        } else if (st == Step::kErrRecvProt) {
-          complete_held_error(qp, rxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr);
-          send_nak(e, qp, aeth::kNakRemoteOperationalError, k.psn);
-          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
-        } else if (st == Step::kErrInvReq) {
-          send_nak(e, qp, aeth::kNakInvalidRequest, k.psn);
-          RESP_LOG("nak", why, Ctr::kNakSent, qp, k);
-        } else if (st == Step::kErrRkey) {
-          send_nak(e, qp, aeth::kNakRemoteAccessError, k.psn);
-          if (has_rk) {
-            RESP_LOG_D("nak", why, rk, Ctr::kRemAccessNakSent, qp, k);
-          } else {
-            RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
-          }
-        } else if (st == Step::kErrNakSent) {
-          RESP_LOG("nak", why, Ctr::kRemAccessNakSent, qp, k);
-        } else if (st == Step::kErrInvalidate) {
-          // rxe: no NAK for Class J; the ACK goes out normally, the receive WC reports it.
-          acknowledge(e, qp, k);
-          RNIC_PKT_LOG_NC("refuse", why, d.src, qp.qpn(), p.opcode, k.psn);
-        } else if (st == Step::kErrCqOverflow) {
-          RNIC_PKT_LOG_NC("drop", why, d.src, qp.qpn(), p.opcode, k.psn);
-        }
-        return RespOutcome::kFatal;
-      }
+      case Step::kErrNakSent:
+        return on_error(e, qp, k, st);
     }
   }
 }
