@@ -508,94 +508,113 @@ RespRes& next_res(RespState& s) {
   return r;
 }
 
-Step execute(Engine& e, Qp& qp, const Pkt& k) {
+// kExecute, one function per request kind (docs/checks.md §2.2 rows 9-12).
+// SEND: scatter the payload into the held receive WQE.
+Step execute_send(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   Device& dev = e.device();
   const bool end = k.mask & wire::kEndMask;
-  if (k.mask & wire::kSendMask) {
-    constexpr const char* kShort = "SEND longer than the receive WQE";
-    if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
-    if (k.plen > 0) {
-      WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
-                                 k.p.payload, k.plen, &qp.comp_.ctr, &dctr(e));
-      if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
-      if (st != WcStatus::kSuccess)
-        return refuse(k, Step::kErrRecvProt, "receive SGE failed its local check");
-    }
-    s.recv_offset += k.plen;
-    s.cur = end ? RespState::kNone : RespState::kSend;
-    return end ? Step::kComplete : Step::kAcknowledge;
+  constexpr const char* kShort = "SEND longer than the receive WQE";
+  if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
+  if (k.plen > 0) {
+    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
+                               k.p.payload, k.plen, &qp.comp_.ctr, &dctr(e));
+    if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
+    if (st != WcStatus::kSuccess)
+      return refuse(k, Step::kErrRecvProt, "receive SGE failed its local check");
   }
-  if (k.mask & wire::kWriteMask) {
-    if (k.plen > 0) {
-      // Re-validated for every packet: an invalidation between packets stops the rest.
-      RemoteTarget t;
-      RkeyResult r = check_remote(dev.keys(), s.w_rkey, qp.pd().get(), qp.qpn(), s.w_va, k.plen,
-                                  kAccessRemoteWrite, &t);
-      if (r != RkeyResult::kOk)
-        return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
-      if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) {
-        bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
-        return refuse(k, Step::kErrRkey, "WRITE target memory not writable");
-      }
-    }
-    s.w_va += k.plen;
-    s.w_resid -= k.plen;
-    s.cur = end ? RespState::kNone : RespState::kWrite;
-    if (end) bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
-    if (end && (k.mask & wire::kImmMask)) return Step::kComplete;
-    if (end) s.msn = psn_add(s.msn, 1);
-    return Step::kAcknowledge;
-  }
-  if (k.mask & wire::kReadMask) {
-    const auto reth = k.p.reth();
-    RespRes& r = next_res(s);
-    r.kind = RespRes::kRead;
-    r.first_psn = k.psn;
-    r.last_psn = psn_add(k.psn, num_pkts(reth.dma_len(), s.mtu) - 1);
-    r.va = reth.va();
-    r.rkey = reth.rkey();
-    r.length = reth.dma_len();
-    r.replay_budget = kReplayFactor * num_pkts(r.length, s.mtu);
-    s.msn = psn_add(s.msn, 1);  // C9-148: MSN counts the READ when it starts
-    r.msn = s.msn;
-    s.epsn = psn_add(r.last_psn, 1);
-    bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
-    uint32_t fail_psn = 0;
-    if (!send_read_responses(e, qp, r.rkey, k.psn, r.va, r.length, r.msn, &fail_psn)) {
-      send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
-      // The NAK replaced the remaining responses (S19).
-      return refuse(k, Step::kErrNakSent, "READ response failed its rkey re-check");
-    }
-    return Step::kDone;
-  }
-  if (k.mask & wire::kAtomicMask) {
-    const auto a = k.p.atomic_eth();
+  s.recv_offset += k.plen;
+  s.cur = end ? RespState::kNone : RespState::kSend;
+  return end ? Step::kComplete : Step::kAcknowledge;
+}
+
+// RDMA WRITE: the rkey is re-validated for every packet, then the payload lands.
+Step execute_write(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  const bool end = k.mask & wire::kEndMask;
+  if (k.plen > 0) {
+    // Re-validated for every packet: an invalidation between packets stops the rest.
     RemoteTarget t;
-    RkeyResult rk = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
-                                 kAccessRemoteAtomic, &t);
-    if (rk != RkeyResult::kOk)
-      return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", rk);
-    uint64_t orig = 0;
-    bool ok = k.p.opcode == op::kRcCompareSwap
-                  ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
-                  : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
-    if (!ok) {
+    RkeyResult r = check_remote(dev.keys(), s.w_rkey, qp.pd().get(), qp.qpn(), s.w_va, k.plen,
+                                kAccessRemoteWrite, &t);
+    if (r != RkeyResult::kOk)
+      return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
+    if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) {
       bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
-      return refuse(k, Step::kErrRkey, "ATOMIC target memory not accessible");
+      return refuse(k, Step::kErrRkey, "WRITE target memory not writable");
     }
-    RespRes& r = next_res(s);
-    r.kind = RespRes::kAtomic;
-    r.first_psn = r.last_psn = k.psn;
-    r.orig = orig;
-    r.replay_budget = kReplayFactor;
-    s.msn = psn_add(s.msn, 1);
-    r.msn = s.msn;
-    s.epsn = psn_add(k.psn, 1);
-    bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
-    send_atomic_ack(e, qp, k.psn, orig, r.msn);
-    return Step::kDone;
   }
+  s.w_va += k.plen;
+  s.w_resid -= k.plen;
+  s.cur = end ? RespState::kNone : RespState::kWrite;
+  if (end) bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+  if (end && (k.mask & wire::kImmMask)) return Step::kComplete;
+  if (end) s.msn = psn_add(s.msn, 1);
+  return Step::kAcknowledge;
+}
+
+// RDMA READ: save the request in the responder resources, then send the responses.
+Step execute_read(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  const auto reth = k.p.reth();
+  RespRes& r = next_res(s);
+  r.kind = RespRes::kRead;
+  r.first_psn = k.psn;
+  r.last_psn = psn_add(k.psn, num_pkts(reth.dma_len(), s.mtu) - 1);
+  r.va = reth.va();
+  r.rkey = reth.rkey();
+  r.length = reth.dma_len();
+  r.replay_budget = kReplayFactor * num_pkts(r.length, s.mtu);
+  s.msn = psn_add(s.msn, 1);  // C9-148: MSN counts the READ when it starts
+  r.msn = s.msn;
+  s.epsn = psn_add(r.last_psn, 1);
+  bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+  uint32_t fail_psn = 0;
+  if (!send_read_responses(e, qp, r.rkey, k.psn, r.va, r.length, r.msn, &fail_psn)) {
+    send_nak(e, qp, aeth::kNakRemoteAccessError, fail_psn);
+    // The NAK replaced the remaining responses (S19).
+    return refuse(k, Step::kErrNakSent, "READ response failed its rkey re-check");
+  }
+  return Step::kDone;
+}
+
+// ATOMIC: execute once, save the original value for replay, answer with it.
+Step execute_atomic(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  Device& dev = e.device();
+  const auto a = k.p.atomic_eth();
+  RemoteTarget t;
+  RkeyResult rk = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
+                               kAccessRemoteAtomic, &t);
+  if (rk != RkeyResult::kOk)
+    return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", rk);
+  uint64_t orig = 0;
+  bool ok = k.p.opcode == op::kRcCompareSwap
+                ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
+                : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
+  if (!ok) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
+    return refuse(k, Step::kErrRkey, "ATOMIC target memory not accessible");
+  }
+  RespRes& r = next_res(s);
+  r.kind = RespRes::kAtomic;
+  r.first_psn = r.last_psn = k.psn;
+  r.orig = orig;
+  r.replay_budget = kReplayFactor;
+  s.msn = psn_add(s.msn, 1);
+  r.msn = s.msn;
+  s.epsn = psn_add(k.psn, 1);
+  bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+  send_atomic_ack(e, qp, k.psn, orig, r.msn);
+  return Step::kDone;
+}
+
+Step execute(Engine& e, Qp& qp, const Pkt& k) {
+  if (k.mask & wire::kSendMask) return execute_send(e, qp, k);
+  if (k.mask & wire::kWriteMask) return execute_write(e, qp, k);
+  if (k.mask & wire::kReadMask) return execute_read(e, qp, k);
+  if (k.mask & wire::kAtomicMask) return execute_atomic(e, qp, k);
   return refuse(k, Step::kErrInvReq, "request opcode the responder does not execute");
 }
 
