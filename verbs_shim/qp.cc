@@ -4,6 +4,7 @@
 // Hot path: op_post_send, op_post_recv and the wr_* builders (no allocation once the
 // batch vectors reserved at create are warm).
 #include <cstring>
+#include <type_traits>
 
 #include "verbs_shim/ops.h"
 #include "verbs_shim/shim.h"
@@ -120,7 +121,12 @@ void qp_attr_from_emu(const emu::QpAttr& e, ibv_qp_attr* a) {
 
 // Returns 0 or EINVAL (opcode outside the verbs enum).
 inline int convert_send(const Qp* q, const ibv_send_wr* w, emu::SendWr* e) {
-  if (w->opcode < IBV_WR_RDMA_WRITE || w->opcode > IBV_WR_ATOMIC_WRITE) return EINVAL;
+  // A C caller may store any int in the enum; in C++ a value outside the enumerators' range
+  // is undefined to load as the enum (UBSan: -fsanitize=enum), so read its bytes.
+  std::underlying_type_t<ibv_wr_opcode> raw_op;
+  static_assert(sizeof(raw_op) == sizeof(w->opcode));
+  std::memcpy(&raw_op, &w->opcode, sizeof(raw_op));
+  if (raw_op < IBV_WR_RDMA_WRITE || raw_op > IBV_WR_ATOMIC_WRITE) return EINVAL;
   e->wr_id = w->wr_id;
   e->sg_list = reinterpret_cast<const emu::Sge*>(w->sg_list);
   e->num_sge = w->num_sge;

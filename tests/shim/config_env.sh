@@ -43,15 +43,15 @@ check mtu 0 'active_mtu:[[:space:]]+1024' SOFTRNIC_MTU=1024 -- ibv_devinfo
 # SOFTRNIC_LOG_FILE takes the log lines off stderr; a leading-zero seed is decimal.
 check unknown_var 0 'warn: unknown variable SOFTRNIC_FAULT \(did you mean SOFTRNIC_FAULTS\?\)' \
   SOFTRNIC_FAULT=x -- ibv_devinfo
-out=$(SOFTRNIC_FAULT=x SOFTRNIC_LOG=off timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1)
+out=$(SOFTRNIC_FAULT=x SOFTRNIC_LOG=off timeout -k 5 30 "$launch" -- ibv_devinfo 2>&1)
 if [ $? -eq 0 ] && ! grep -q 'unknown variable' <<<"$out"; then echo "ok   unknown_var_off"
 else echo "FAIL unknown_var_off"; echo "$out" | tail -5; fail=1; fi
-n=$(SOFTRNIC_FAULT=x timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1 >/dev/null | grep -c 'unknown variable')
+n=$(SOFTRNIC_FAULT=x timeout -k 5 30 "$launch" -- ibv_devinfo 2>&1 >/dev/null | grep -c 'unknown variable')
 if [ "$n" = 1 ]; then echo "ok   unknown_var_once"; else echo "FAIL unknown_var_once ($n lines)"; fail=1; fi
 check case_fold 0 'info: device softrnic0 on' SOFTRNIC_LOG=INFO SOFTRNIC_CONTROL=Off -- ibv_devinfo
 check seed_leading_zero 0 'hca_id' SOFTRNIC_FAULT_SEED=010 -- ibv_devinfo
 check bad_seed nz 'SOFTRNIC_FAULT_SEED' SOFTRNIC_FAULT_SEED=0o17 -- ibv_devinfo
-err=$(SOFTRNIC_LOG=info SOFTRNIC_LOG_FILE="$work/shim.log" timeout -k 5 30 "$launcher" run -- ibv_devinfo 2>&1 >/dev/null)
+err=$(SOFTRNIC_LOG=info SOFTRNIC_LOG_FILE="$work/shim.log" timeout -k 5 30 "$launch" -- ibv_devinfo 2>&1 >/dev/null)
 if grep -q 'info: device softrnic0 on' "$work/shim.log" 2>/dev/null && ! grep -q 'device softrnic0' <<<"$err"; then
   echo "ok   log_file"
 else echo "FAIL log_file: stderr='$err' file='$(cat "$work/shim.log" 2>/dev/null)'"; fail=1; fi
