@@ -223,7 +223,8 @@ TEST(MemorySafety, DeviceDefaultIsSafe) {
 TEST(MemorySafety, DeregWaitsForAccessesInFlight) {
   Env e;
   auto* p = new Pages(4, 0);
-  auto mr = *e.dev->reg_mr(e.pd, p->addr(), 4 * kPage, p->addr(), kRw);
+  const uint64_t addr = p->addr();  // the thread must not read *p after it is deleted
+  auto mr = *e.dev->reg_mr(e.pd, addr, 4 * kPage, addr, kRw);
   const uint32_t rkey = mr->rkey();
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> writes{0};
@@ -233,7 +234,7 @@ TEST(MemorySafety, DeregWaitsForAccessesInFlight) {
     std::vector<uint8_t> src(4 * kPage, 0xEE);
     while (!stop.load()) {
       RemoteTarget tg;
-      if (check_remote(e.dev->keys(), rkey, e.pd.get(), 0, p->addr(), 4 * kPage,
+      if (check_remote(e.dev->keys(), rkey, e.pd.get(), 0, addr, 4 * kPage,
                        kAccessRemoteWrite, &tg) != RkeyResult::kOk) {
         failed_after.fetch_add(1);
         continue;

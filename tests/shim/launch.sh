@@ -22,6 +22,8 @@ fi
 [ -f "$SOFTRNIC_TEST_PRELOAD" ] || { echo "launch.sh: no sanitizer runtime at $SOFTRNIC_TEST_PRELOAD" >&2; exit 2; }
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 preload="$SOFTRNIC_TEST_PRELOAD${LD_PRELOAD:+ $LD_PRELOAD}"
+# Not for the program: the shim warns once about every SOFTRNIC_* name it does not declare.
+unset SOFTRNIC_TEST_PRELOAD
 case " ${opts[*]} " in
   *" --preload "*)
     export LD_PRELOAD="$preload" ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
