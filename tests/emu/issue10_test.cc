@@ -57,8 +57,12 @@ TEST_F(Issue10Test, StrictSrcJunkFromOtherPortDoesNotLockOutPeer) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess) << wc_status_name(c[0].status);
   EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
-  EXPECT_EQ(qs_->comp_.src_latch.load(), 0x10000u | wire::kRoceUdpPort);
-  EXPECT_EQ(qc_->comp_.src_latch.load(), 0x10000u | wire::kRoceUdpPort);
+  // The receive thread latches right after the completer ran, and the completion it made may
+  // already have been polled here: wait for the latches (bounded) rather than sample them.
+  EXPECT_TRUE(wait_until([&] {
+    return qs_->comp_.src_latch.load() == (0x10000u | wire::kRoceUdpPort) &&
+           qc_->comp_.src_latch.load() == (0x10000u | wire::kRoceUdpPort);
+  })) << "latches: S " << qs_->comp_.src_latch.load() << " C " << qc_->comp_.src_latch.load();
   // Latched now: A's exact-ePSN WRITE from its port is dropped, nothing changes.
   const uint64_t drops = qctr(qs_, Ctr::kDropSrcPort);
   a.send(s_ip_, forged_write(kPsn + 1, ms_->rkey(), 512), evil);
