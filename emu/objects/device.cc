@@ -397,11 +397,7 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
   std::shared_ptr<Pd> old_pd;
   // Accesses in flight through the old translation/rights finish first (issue 10 item 3);
   // accesses arriving meanwhile are refused (the MR is in transition).
-  mr->gate_.close_and_drain();
-  struct Reopen {
-    AccessGate& g;
-    ~Reopen() { g.reopen(); }
-  } reopen{mr->gate_};
+  GateClosed closed{mr->gate_};
   {
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;

@@ -46,6 +46,19 @@ class AccessGate {
   std::atomic<uint32_t> closers_{0};
 };
 
+// RAII for a mutator (rereg, MW bind/invalidate): close_and_drain() now, reopen() at scope
+// exit. Deregistration and dealloc leave the gate closed and call close_and_drain() alone.
+class GateClosed {
+ public:
+  explicit GateClosed(AccessGate& g) : g_(g) { g_.close_and_drain(); }
+  ~GateClosed() { g_.reopen(); }
+  GateClosed(const GateClosed&) = delete;
+  GateClosed& operator=(const GateClosed&) = delete;
+
+ private:
+  AccessGate& g_;
+};
+
 // RAII: one access in flight through a gate; keeps the gate's owner (Mr/Mw) alive.
 class AccessGuard {
  public:

@@ -109,11 +109,7 @@ WcStatus MwOps::bind(Device& dev, const Pd* qp_pd, uint32_t qpn, const BindInfo&
   }
   // Accesses in flight through the old binding finish before it changes (issue 10 item 3);
   // drained unlocked (an accessor reads the view under mu_), then checked again.
-  mw->gate_.close_and_drain();
-  struct Reopen {
-    AccessGate& g;
-    ~Reopen() { g.reopen(); }
-  } reopen{mw->gate_};
+  GateClosed closed{mw->gate_};
   std::lock_guard lk(mw->mu_);
   if (!checks_locked()) return kErr;
   // Commit: new key byte from the application (ibv_inc_rkey), then the binding.
@@ -149,11 +145,7 @@ bool MwOps::invalidate(Device& dev, const Pd* qp_pd, uint32_t rkey) {
     if (!checks_locked()) return false;
   }
   // Accesses in flight through the window finish before it is invalidated (as bind).
-  mw->gate_.close_and_drain();
-  struct Reopen {
-    AccessGate& g;
-    ~Reopen() { g.reopen(); }
-  } reopen{mw->gate_};
+  GateClosed closed{mw->gate_};
   std::lock_guard lk(mw->mu_);
   if (!checks_locked()) return false;
   unbind_locked(*mw);
