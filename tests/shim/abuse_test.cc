@@ -9,6 +9,8 @@
 // destroy, use after free); ibv_open_device(NULL).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "rc_connect.h"
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -90,36 +92,7 @@ struct Env {
     return connect(*a, (*b)->qp_num, gid) && connect(*b, (*a)->qp_num, gid);
   }
   static bool connect(ibv_qp* qp, uint32_t dest, const ibv_gid& gid) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = kAccess;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                  IBV_QP_ACCESS_FLAGS) != 0)
-      return false;
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                  IBV_QP_MIN_RNR_TIMER) != 0)
-      return false;
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                     IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+    return rc_connect(qp, dest, gid, kAccess, 4) == 0;
   }
   // One completion from cq within 5 s; false if none came.
   bool poll_one(ibv_wc* wc) {

@@ -4,6 +4,8 @@
 // ibv_cq_ex start/next/end_poll table (opcode, byte_len, imm, qp_num, timestamps); and UD
 // with the GRH area and ibv_create_ah_from_wc.
 #include <gtest/gtest.h>
+
+#include "rc_connect.h"
 #include <infiniband/verbs.h>
 
 #include <chrono>
@@ -92,35 +94,7 @@ class WrApiTest : public ::testing::Test {
     }
   }
   static void connect(ibv_qp* qp, uint32_t dest, const ibv_gid& gid) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = kAccess;
-    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                        IBV_QP_ACCESS_FLAGS), 0);
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                        IBV_QP_MIN_RNR_TIMER), 0);
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = 0;
-    a.max_rd_atomic = 4;
-    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), 0);
+    ASSERT_EQ(rc_connect(qp, dest, gid, kAccess, 4), 0);
   }
   // Polls one completion from cq i with the extended API (10 s limit).
   Wc poll(int i) {
