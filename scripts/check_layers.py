@@ -3,7 +3,8 @@
 
 Each folder may include project headers only from the folders listed for it below, so
 dependencies flow one way:  base <- wire <- emu/objects <- emu/transport <- emu/services,
-emu/fault (a hook the transport calls through wire/port.h) <- emu/services, and
+emu/fault (a hook the transport calls through wire/port.h) <- emu/services,
+emu/transport <- emu/cm (the IB CM on QP1) <- emu/services, and
 verbs_shim / tools on top. A wrong-direction #include makes this exit 1 naming file,
 line and rule, which fails the build.
 
@@ -22,8 +23,10 @@ ALLOWED = {
     "emu/objects": ["base", "wire"],
     "emu/fault": ["base", "wire"],
     "emu/transport": ["base", "wire", "emu/objects"],
-    "emu/services": ["base", "wire", "emu/objects", "emu/transport", "emu/fault"],
-    "verbs_shim": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/services"],
+    "emu/cm": ["base", "wire", "emu/objects", "emu/transport"],
+    "emu/services": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/cm"],
+    "verbs_shim": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/cm",
+                   "emu/services"],
     "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services"],
 }
 # Headers no engine layer may include: emu keeps its own mirrored types.

@@ -257,6 +257,7 @@ void host_release(Host* host) {
   (void)w;
   if (host->dispatcher_.joinable()) host->dispatcher_.join();
   close(host->stop_fd_);
+  host->cm_.reset();  // the CM agent unhooks QP1 and joins its thread before the engine stops
   // Services go first: they stop the control socket, unhook the port filter, stop the
   // engine and close the capture (emu/services/services.h "DESTRUCTION").
   host->services_.reset();

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "emu/cm/agent.h"
 #include "emu/objects/device.h"
 #include "emu/services/services.h"
 #include "verbs_shim/config.h"
@@ -28,6 +29,8 @@ struct Host {
   in_addr ip_{};  // bound address (network order)
   std::shared_ptr<emu::Device> dev_;
   std::unique_ptr<emu::DeviceServices> services_;  // faults, capture, control socket
+  // The IB CM on QP1 (emu/cm/agent.h); destroyed before services_ (it unhooks from the engine).
+  std::unique_ptr<cm::Agent> cm_;
   int refs_ = 0;  // guarded by the host registry mutex
   // Async events: a dispatcher thread moves emu's device-wide events into the owning
   // context's queue (port events go to every context).
@@ -49,6 +52,9 @@ extern std::atomic<uint64_t> g_fork_generation;
 inline bool host_inherited(const Host* h) {
   return h->fork_gen_ != g_fork_generation.load(std::memory_order_relaxed);
 }
+
+// The device's CM agent (emu/cm/agent.h "HOW THE rdmacm LIBRARY GETS THE AGENT"), or nullptr.
+inline cm::Agent* host_cm_agent(Host* h) { return h != nullptr ? h->cm_.get() : nullptr; }
 
 // Starts (or references) the engine of `dev`. Returns 0 or a positive errno; a bad
 // SOFTRNIC_* value prints a message naming the variable and returns EINVAL.
