@@ -32,10 +32,16 @@ struct Cqe {
   uint32_t wc_flags = 0;  // kWc* bits
   uint16_t pkey_index = 0;
   uint16_t slid = 0;
+  // UD receive: the RoCE L3 header type of the datagram (kRoceL3*), as mlx5 reports it in
+  // the CQE's sl field (UCX's ud_verbs reads `wc.sl & 7` to find the dgid in the GRH area).
   uint8_t sl = 0;
   uint8_t dlid_path_bits = 0;
   uint64_t timestamp_ns = 0;  // CLOCK_MONOTONIC ns, stamped by Cq::push
 };
+
+// RoCE L3 header type of a received UD datagram (the mlx5 PRM's CQE encoding, bits 2:0).
+inline constexpr uint8_t kRoceL3Ipv6 = 1;  // RoCE v2 over IPv6
+inline constexpr uint8_t kRoceL3Ipv4 = 2;  // RoCE v2 over IPv4
 
 // A completion channel (ibv_comp_channel): fd() is an eventfd (EFD_SEMAPHORE) whose counter
 // is the number of undelivered CQ events, so poll() reports POLLIN exactly while

@@ -761,6 +761,7 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   Cqe c = recv_cqe(qp, WcStatus::kSuccess);
   c.src_qp = deth.src_qp();
   c.wc_flags = kWcGrh;
+  c.sl = k.d.src.ipv6 ? kRoceL3Ipv6 : kRoceL3Ipv4;
   c.byte_len = 40 + k.plen;
   if (40 + uint64_t{k.plen} > s.wqe.length) {
     c.status = WcStatus::kLocLenErr;

@@ -241,6 +241,7 @@ TEST_F(BasicTest, UdSendWithGrh) {
   EXPECT_TRUE(rs[0].wc_flags & kWcGrh);
   EXPECT_TRUE(rs[0].wc_flags & kWcWithImm);
   EXPECT_EQ(rs[0].imm_data, 0x01020304u);
+  EXPECT_EQ(rs[0].sl, kRoceL3Ipv4);  // mlx5's L3 type, which UCX's ud_verbs reads (wc.sl & 7)
   EXPECT_EQ(dst.data()[20], 0x45);  // IPv4 header in the last 20 bytes of the GRH area
   EXPECT_EQ(0, std::memcmp(dst.data() + 32, "\x7f\x00\x00\x02\x7f\x00\x00\x03", 8));
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data() + 40, 300));
