@@ -59,7 +59,7 @@ SHIM_EXPORT struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* 
 }
 
 SHIM_EXPORT int ibv_destroy_ah(struct ibv_ah* ah) {
-  if (ah == nullptr) return EINVAL;
+  if (ah == nullptr) return fail_errno(EINVAL);
   return guard_int([&] {
     Ah* a = to_ah(ah);
     emu::Status st = to_ctx(ah->context)->emu_->destroy_ah(a->emu_);
@@ -73,13 +73,14 @@ SHIM_EXPORT int ibv_destroy_ah(struct ibv_ah* ah) {
 // IBA 11.2.4.7 (RoCEv2 annex A17.4.5.2): build the reply AH from a received UD completion.
 SHIM_EXPORT int ibv_init_ah_from_wc(struct ibv_context* context, uint8_t port_num, struct ibv_wc* wc,
                                     struct ibv_grh* grh, struct ibv_ah_attr* ah_attr) {
-  if (context == nullptr || wc == nullptr || ah_attr == nullptr) return EINVAL;
+  if (context == nullptr || wc == nullptr || ah_attr == nullptr) return fail_errno(EINVAL);
   std::memset(ah_attr, 0, sizeof *ah_attr);
   ah_attr->port_num = port_num;
   ah_attr->sl = wc->sl;
   ah_attr->dlid = wc->slid;
   ah_attr->src_path_bits = wc->dlid_path_bits;
-  if (!(wc->wc_flags & IBV_WC_GRH) || grh == nullptr) return EINVAL;  // RoCE needs the GRH
+  // RoCE needs the GRH.
+  if (!(wc->wc_flags & IBV_WC_GRH) || grh == nullptr) return fail_errno(EINVAL);
   ah_attr->is_global = 1;
   const auto* raw = reinterpret_cast<const uint8_t*>(grh);
   const uint8_t* ip4 = raw + 20;  // IPv4 header in the last 20 bytes of the GRH area
@@ -118,7 +119,7 @@ SHIM_EXPORT int ibv_init_ah_from_wc(struct ibv_context* context, uint8_t port_nu
       return 0;
     }
   }
-  return ENOENT;
+  return fail_errno(ENOENT);
 }
 
 SHIM_EXPORT struct ibv_ah* ibv_create_ah_from_wc(struct ibv_pd* pd, struct ibv_wc* wc,

@@ -113,7 +113,7 @@ SHIM_EXPORT struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context*
 }
 
 SHIM_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel* channel) {
-  if (channel == nullptr) return EINVAL;
+  if (channel == nullptr) return fail_errno(EINVAL);
   return guard_int([&] {
     CompChannel* ch = to_channel(channel);
     emu::Status st = to_ctx(channel->context)->emu_->destroy_comp_channel(ch->emu_);

@@ -62,8 +62,8 @@ int ex_next(ibv_cq_ex* cq) {
   return 0;
 }
 int ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
-  if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
-  if (inherited(cq->context)) return EIO;
+  if (attr != nullptr && attr->comp_mask != 0) return fail_errno(EINVAL);
+  if (inherited(cq->context)) return fail_errno(EIO);
   return ex_next(cq);
 }
 void ex_end_poll(ibv_cq_ex*) {}
@@ -164,8 +164,8 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
 }
 
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
-  if (cq == nullptr) return EINVAL;
-  if (inherited(cq->context)) return EIO;
+  if (cq == nullptr) return fail_errno(EINVAL);
+  if (inherited(cq->context)) return fail_errno(EIO);
   return err_of(to_cq(cq)->emu_->req_notify(solicited_only != 0));
 }
 
@@ -213,7 +213,7 @@ SHIM_EXPORT int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
 }
 
 SHIM_EXPORT int ibv_destroy_cq(struct ibv_cq* cq) {
-  if (cq == nullptr) return EINVAL;
+  if (cq == nullptr) return fail_errno(EINVAL);
   if (inherited(cq->context)) return fail_errno(EIO);
   return guard_int([&] {
     Cq* c = to_cq(cq);

@@ -192,7 +192,7 @@ SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
 }
 
 SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
-  if (context == nullptr) return EINVAL;
+  if (context == nullptr) return fail_errno(EINVAL);
   Context* ctx = to_ctx(context);
   host_remove_context(ctx->host_, ctx);
   if (context->async_fd >= 0) close(context->async_fd);
@@ -208,7 +208,7 @@ SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
 // Queries.
 
 SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr) {
-  if (context == nullptr || attr == nullptr) return EINVAL;
+  if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
   fill_device_attr(to_ctx(context), attr);
   return 0;
 }
@@ -217,8 +217,8 @@ SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_
 // (everything up to and including `flags`), as rdma-core does.
 SHIM_EXPORT int ibv_query_port(struct ibv_context* context, uint8_t port_num,
                                struct _compat_ibv_port_attr* port_attr) {
-  if (context == nullptr || port_attr == nullptr) return EINVAL;
-  if (port_num != 1) return EINVAL;
+  if (context == nullptr || port_attr == nullptr) return fail_errno(EINVAL);
+  if (port_num != 1) return fail_errno(EINVAL);
   ibv_port_attr full;
   fill_port_attr(to_ctx(context), &full);
   std::memcpy(port_attr, &full, offsetof(ibv_port_attr, port_cap_flags2));
@@ -235,7 +235,7 @@ SHIM_EXPORT int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int
 
 SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num,
                                    unsigned int index, enum ibv_gid_type_sysfs* type) {
-  if (context == nullptr || type == nullptr) return EINVAL;
+  if (context == nullptr || type == nullptr) return fail_errno(EINVAL);
   ibv_gid g;
   int t = 0;
   if (!query_gid(to_ctx(context), port_num, index, &g, &t)) {
@@ -249,13 +249,13 @@ SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num
 SHIM_EXPORT int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num,
                                   uint32_t gid_index, struct ibv_gid_entry* entry, uint32_t flags,
                                   size_t entry_size) {
-  if (context == nullptr || entry == nullptr) return EINVAL;
-  if (flags != 0) return EINVAL;
-  if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  if (context == nullptr || entry == nullptr) return fail_errno(EINVAL);
+  if (flags != 0) return fail_errno(EINVAL);
+  if (entry_size < sizeof(ibv_gid_entry)) return fail_errno(EINVAL);
   ibv_gid g;
   int t = 0;
-  if (port_num != 1) return EINVAL;
-  if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t)) return ENODATA;
+  if (port_num != 1) return fail_errno(EINVAL);
+  if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t)) return fail_errno(ENODATA);
   ibv_gid_entry e{};
   e.gid = g;
   e.gid_index = gid_index;
@@ -482,9 +482,9 @@ bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* t
 }
 
 int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
-  if (context == nullptr || attr == nullptr) return EINVAL;
+  if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
   auto r = to_ctx(context)->emu_->query_port(port);
-  if (!r.has_value()) return err_of(r.error());
+  if (!r.has_value()) return fail_errno(err_of(r.error()));
   ibv_port_attr full;
   fill_port_attr(to_ctx(context), &full);
   size_t n = attr_len < sizeof full ? attr_len : sizeof full;
@@ -494,9 +494,9 @@ int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_
 
 int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in,
                        ibv_device_attr_ex* attr, size_t attr_size) {
-  if (context == nullptr || attr == nullptr) return EINVAL;
-  if (in != nullptr && in->comp_mask != 0) return EINVAL;
-  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (in != nullptr && in->comp_mask != 0) return fail_errno(EINVAL);
+  if (attr_size < sizeof(ibv_device_attr)) return fail_errno(EINVAL);
   ibv_device_attr_ex full;
   std::memset(&full, 0, sizeof full);
   fill_device_attr(to_ctx(context), &full.orig_attr);
@@ -512,8 +512,9 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
 }
 
 int op_query_rt_values(ibv_context* context, ibv_values_ex* values) {
-  if (context == nullptr || values == nullptr) return EINVAL;
-  if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK)) return EINVAL;
+  if (context == nullptr || values == nullptr) return fail_errno(EINVAL);
+  if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK))
+    return fail_errno(EINVAL);
   if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
     clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
   }

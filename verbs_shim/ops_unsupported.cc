@@ -12,7 +12,7 @@
 namespace rnic::shim {
 
 namespace {
-int eopnotsupp() { return EOPNOTSUPP; }
+int eopnotsupp() { return fail_errno(EOPNOTSUPP); }
 template <class T>
 T* enull() {
   errno = EOPNOTSUPP;
@@ -20,8 +20,10 @@ T* enull() {
 }
 }  // namespace
 
-int uns_compat_query_device(ibv_context*, ibv_device_attr*) { return EOPNOTSUPP; }
-int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*) { return EOPNOTSUPP; }
+int uns_compat_query_device(ibv_context*, ibv_device_attr*) { return fail_errno(EOPNOTSUPP); }
+int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*) {
+  return fail_errno(EOPNOTSUPP);
+}
 void* uns_compat_void() { return enull<void>(); }
 void uns_abi_placeholder() {}
 int uns_advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) { return eopnotsupp(); }
@@ -61,8 +63,12 @@ int uns_close_xrcd(ibv_xrcd*) { return eopnotsupp(); }
 // ---------------------------------------------------------------------------------------
 // Exported verbs softrnic does not support (yet). Signatures follow <infiniband/verbs.h>.
 
-SHIM_EXPORT int ibv_attach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-SHIM_EXPORT int ibv_detach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+SHIM_EXPORT int ibv_attach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) {
+  return rnic::shim::fail_errno(EOPNOTSUPP);
+}
+SHIM_EXPORT int ibv_detach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) {
+  return rnic::shim::fail_errno(EOPNOTSUPP);
+}
 SHIM_EXPORT struct ibv_context* ibv_import_device(int) {
   errno = EOPNOTSUPP;
   return nullptr;
@@ -86,11 +92,15 @@ SHIM_EXPORT struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd*, uint64_t, size_t, u
   errno = EOPNOTSUPP;
   return nullptr;
 }
-SHIM_EXPORT int ibv_set_ece(struct ibv_qp*, struct ibv_ece*) { return EOPNOTSUPP; }
-SHIM_EXPORT int ibv_query_ece(struct ibv_qp*, struct ibv_ece*) { return EOPNOTSUPP; }
+SHIM_EXPORT int ibv_set_ece(struct ibv_qp*, struct ibv_ece*) {
+  return rnic::shim::fail_errno(EOPNOTSUPP);
+}
+SHIM_EXPORT int ibv_query_ece(struct ibv_qp*, struct ibv_ece*) {
+  return rnic::shim::fail_errno(EOPNOTSUPP);
+}
 SHIM_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context*, struct ibv_ah_attr*, uint8_t[6],
                                             uint16_t*) {
-  return EOPNOTSUPP;
+  return rnic::shim::fail_errno(EOPNOTSUPP);
 }
 
 // Kernel-ABI copy helpers (IBVERBS_1.0/1.1). Only the real librdmacm calls them, and only
@@ -109,7 +119,7 @@ __attribute__((visibility("default"))) bool verbs_allow_disassociate_destroy = f
 }
 
 #define SHIM_INT_STUB(name) \
-  SHIM_EXPORT int name() { return EOPNOTSUPP; }
+  SHIM_EXPORT int name() { return rnic::shim::fail_errno(EOPNOTSUPP); }
 #define SHIM_PTR_STUB(name) \
   SHIM_EXPORT void* name() {  \
     errno = EOPNOTSUPP;      \

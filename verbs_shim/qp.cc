@@ -575,7 +575,7 @@ SHIM_EXPORT struct ibv_qp* ibv_create_qp(struct ibv_pd* pd, struct ibv_qp_init_a
 }
 
 SHIM_EXPORT int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask) {
-  if (qp == nullptr || attr == nullptr) return EINVAL;
+  if (qp == nullptr || attr == nullptr) return fail_errno(EINVAL);
   if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);
@@ -590,7 +590,7 @@ SHIM_EXPORT int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int a
 SHIM_EXPORT int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask,
                              struct ibv_qp_init_attr* init_attr) {
   (void)attr_mask;  // rdma-core providers return every attribute regardless of the mask
-  if (qp == nullptr || attr == nullptr || init_attr == nullptr) return EINVAL;
+  if (qp == nullptr || attr == nullptr || init_attr == nullptr) return fail_errno(EINVAL);
   return guard_int([&] {
     Qp* q = to_qp(qp);
     emu::QpAttr ea;
@@ -612,7 +612,7 @@ SHIM_EXPORT int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int at
 }
 
 SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
-  if (qp == nullptr) return EINVAL;
+  if (qp == nullptr) return fail_errno(EINVAL);
   if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);

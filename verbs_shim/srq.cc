@@ -79,7 +79,7 @@ ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
 int op_get_srq_num(ibv_srq* srq, uint32_t* num) {
   (void)srq;
   (void)num;
-  return EOPNOTSUPP;  // SRQ numbers exist only for XRC SRQs
+  return fail_errno(EOPNOTSUPP);  // SRQ numbers exist only for XRC SRQs
 }
 
 }  // namespace rnic::shim
@@ -92,7 +92,7 @@ SHIM_EXPORT struct ibv_srq* ibv_create_srq(struct ibv_pd* pd, struct ibv_srq_ini
 }
 
 SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask) {
-  if (srq == nullptr || attr == nullptr) return EINVAL;
+  if (srq == nullptr || attr == nullptr) return fail_errno(EINVAL);
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail_errno(EINVAL);
   return guard_int([&] {
     emu::SrqAttr ea;
@@ -105,7 +105,7 @@ SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, i
 }
 
 SHIM_EXPORT int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
-  if (srq == nullptr || attr == nullptr) return EINVAL;
+  if (srq == nullptr || attr == nullptr) return fail_errno(EINVAL);
   return guard_int([&] {
     emu::SrqAttr got = to_srq(srq)->emu_->query();
     attr->max_wr = got.max_wr;
@@ -116,7 +116,7 @@ SHIM_EXPORT int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
 }
 
 SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq* srq) {
-  if (srq == nullptr) return EINVAL;
+  if (srq == nullptr) return fail_errno(EINVAL);
   if (inherited(srq->context)) return fail_errno(EIO);
   return guard_int([&] {
     Srq* s = to_srq(srq);

@@ -58,7 +58,9 @@ class ErrnoTest : public ::testing::Test {
 
 TEST_F(ErrnoTest, DeviceQueries) {
   ibv_port_attr pa;
+  errno = 0;
   EXPECT_EQ(ibv_query_port(ctx_, 2, &pa), EINVAL);
+  EXPECT_EQ(errno, EINVAL);  // int verbs set errno too (UCX and Open MPI print %m)
   EXPECT_EQ(ibv_query_port(ctx_, 0, &pa), EINVAL);
   ibv_gid g;
   EXPECT_EQ(ibv_query_gid(ctx_, 1, 4096, &g), -1);
@@ -68,7 +70,12 @@ TEST_F(ErrnoTest, DeviceQueries) {
   EXPECT_EQ(pkey, htobe16(0xffff));
   EXPECT_EQ(ibv_query_pkey(ctx_, 1, 5, &pkey), -1);
   ibv_gid_entry e;
+  errno = 0;
   EXPECT_EQ(ibv_query_gid_ex(ctx_, 1, 0, &e, 1), EINVAL);  // unknown flags
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_query_gid_ex(ctx_, 1, 4096, &e, 0), ENODATA);
+  EXPECT_EQ(errno, ENODATA);
   ibv_query_device_ex_input in{};
   in.comp_mask = 1;
   ibv_device_attr_ex ex;
@@ -207,7 +214,9 @@ TEST_F(ErrnoTest, QueuePairCreateAndModify) {
   ASSERT_NE(qp, nullptr);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;  // RESET -> RTR does not exist
+  errno = ENOMEM;  // a stale value: UCX printed it ("Cannot allocate memory") before
   EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(qp->state, IBV_QPS_RESET);
   a = {};
   a.qp_state = IBV_QPS_INIT;  // missing PKEY_INDEX | PORT | ACCESS_FLAGS
@@ -353,7 +362,13 @@ TEST_F(ErrnoTest, UnsupportedVerbs) {
   errno = 0;
   EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+  errno = 0;
   EXPECT_EQ(ibv_attach_mcast(nullptr, nullptr, 0), EOPNOTSUPP);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_modify_cq_attr mc{};
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_, &mc), EOPNOTSUPP);
+  EXPECT_EQ(errno, EOPNOTSUPP);
   ibv_values_ex v{};
   v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
   EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
