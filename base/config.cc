@@ -102,7 +102,7 @@ const VarDecl kVars[] = {
      .store = [](Config* c, const VarValue& v) { c->xdg_runtime_dir = v.s; }},
     {.name = "SYSFS_PATH", .type = VarType::kPath, .default_text = "`/sys`",
      .values = "a directory", .help = "sysfs root the device reports (`softrnic run` sets it)",
-     .reader = "shim",
+     .reader = "shim, pathmap",
      .store = [](Config* c, const VarValue& v) { c->sysfs_path = v.s; }},
     {.name = "SOFTRNIC_SHIM_DIR", .type = VarType::kPath, .default_text = "`build/verbs_shim`",
      .values = "a directory", .help = "where `scripts/softrnic` finds libibverbs.so.1",

@@ -28,6 +28,7 @@ ALLOWED = {
     "verbs_shim": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/cm",
                    "emu/services"],
     "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services"],
+    "pathmap": [],
 }
 # Headers no engine layer may include: emu keeps its own mirrored types.
 FORBIDDEN_SYSTEM = re.compile(r"^(infiniband|rdma)/")

@@ -22,6 +22,7 @@ fi
 [ -f "$SOFTRNIC_TEST_PRELOAD" ] || { echo "launch.sh: no sanitizer runtime at $SOFTRNIC_TEST_PRELOAD" >&2; exit 2; }
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 preload="$SOFTRNIC_TEST_PRELOAD${LD_PRELOAD:+ $LD_PRELOAD}"
+runtime="$SOFTRNIC_TEST_PRELOAD"
 # Not for the program: the shim warns once about every SOFTRNIC_* name it does not declare.
 unset SOFTRNIC_TEST_PRELOAD
 case " ${opts[*]} " in
@@ -29,5 +30,7 @@ case " ${opts[*]} " in
     export LD_PRELOAD="$preload" ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
     exec "$launcher" run "${opts[@]}" -- "$@" ;;
   *)
-    exec "$launcher" run "${opts[@]}" -- env LD_PRELOAD="$preload" "$@" ;;
+    # The runtime first, then what `softrnic run` preloads (libsoftrnic_paths.so).
+    exec "$launcher" run "${opts[@]}" -- /bin/sh -c \
+      'LD_PRELOAD="$0${LD_PRELOAD:+ $LD_PRELOAD}"; export LD_PRELOAD; exec "$@"' "$runtime" "$@" ;;
 esac
