@@ -4,12 +4,9 @@
 # 'verbs;ofi_rxd' its RDM endpoint over it. FI_EP_MSG (and so verbs;ofi_rxm) needs librdmacm's
 # connection manager on a non-loopback IP: not listed yet (README, libfabric section).
 set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-launch="$here/../shim/launch.sh"
-command -v fi_info >/dev/null || { echo "SKIP: fi_info not installed (apt-get install libfabric-bin)"; exit 77; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export SOFTRNIC_RUNTIME_DIR="$work/rt" SOFTRNIC_IP=127.0.0.58
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+consumer_init fi_info libfabric-bin
+export SOFTRNIC_IP=127.0.0.58
 fail=0
 timeout -k 5 60 "$launch" -- fi_info -p verbs >"$work/v.out" 2>&1 || { echo "FAIL: fi_info -p verbs"; fail=1; }
 timeout -k 5 60 "$launch" -- fi_info -p 'verbs;ofi_rxd' >"$work/r.out" 2>&1 || { echo "FAIL: fi_info -p verbs;ofi_rxd"; fail=1; }

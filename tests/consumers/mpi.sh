@@ -9,13 +9,9 @@
 #                          would bypass libfabric; Debian builds no other RDMA osc)
 # Exit 77 (skip) when mpirun is not installed.
 set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-launch="$here/../shim/launch.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mode=$1; app=$2
-command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed (apt-get install openmpi-bin)"; exit 77; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export SOFTRNIC_RUNTIME_DIR="$work/rt"
+consumer_init mpirun openmpi-bin
 # Debian's /etc/openmpi/openmpi-mca-params.conf excludes pml ucx, osc ucx and mtl ofi: the
 # command line overrides that. btl self,vader stay for ob1's own needs; pml cm/ucx carry the
 # MPI traffic.
@@ -37,9 +33,8 @@ fail=0
 [ "$rc" -eq 0 ] || { echo "FAIL: mpirun exited $rc"; fail=1; }
 grep -q '^mpi_check: OK$' "$work/out" || { echo "FAIL: no 'mpi_check: OK'"; fail=1; }
 for r in 0 1; do
-  pkts=0
-  [ -s "$work/rank$r.pcap" ] && pkts=$(capinfos -M -c "$work/rank$r.pcap" 2>/dev/null | awk -F: '/Number of packets/ {gsub(/ /, "", $2); print $2}')
-  if [ "${pkts:-0}" -lt 1000 ]; then echo "FAIL: rank $r's device carried ${pkts:-0} packets (not over softrnic?)"; fail=1
+  pkts=$(pcap_packets "$work/rank$r.pcap")
+  if [ "$pkts" -lt 1000 ]; then echo "FAIL: rank $r's device carried $pkts packets (not over softrnic?)"; fail=1
   else echo "ok: rank $r's device carried $pkts RoCE packets"; fi
 done
 exit $fail

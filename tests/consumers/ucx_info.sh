@@ -4,12 +4,9 @@
 # Without libsoftrnic_paths.so UCX drops the device silently (/dev/infiniband/uverbs0 absent):
 # (tests/pathmap/pathmap_test.sh proves that side).
 set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-launch="$here/../shim/launch.sh"
-command -v ucx_info >/dev/null || { echo "SKIP: ucx_info not installed (apt-get install ucx-utils)"; exit 77; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export SOFTRNIC_RUNTIME_DIR="$work/rt" SOFTRNIC_IP=127.0.0.59
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+consumer_init ucx_info ucx-utils
+export SOFTRNIC_IP=127.0.0.59
 timeout -k 5 60 "$launch" -- ucx_info -d >"$work/out" 2>&1
 rc=$?
 # The transports listed under the softrnic0:1 device, one "tl/device" line each.

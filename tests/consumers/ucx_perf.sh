@@ -9,26 +9,14 @@
 # scripts/bench_ucx, which sets BENCH_NO_PCAP=1 (no capture, no packet count: the figures are
 # the device's, not the pcap writer's). Exit 77 (skip) when ucx_perftest is not installed.
 set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-launch="$here/../shim/launch.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 iters=2000
 [ "${1:-}" = "--iters" ] && { iters=$2; shift 2; }
 tls=$1; shift
-command -v ucx_perftest >/dev/null || { echo "SKIP: ucx_perftest not installed (apt-get install ucx-utils)"; exit 77; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export SOFTRNIC_RUNTIME_DIR="$work/rt"
+consumer_init ucx_perftest ucx-utils
 export UCX_TLS="$tls" UCX_WARN_UNUSED_ENV_VARS=n
 # The device, unless the transport is UCX's own tcp (the baseline of scripts/bench_ucx).
 if [ "$tls" = tcp ]; then export UCX_NET_DEVICES=lo; else export UCX_NET_DEVICES=softrnic0:1; fi
-
-free_port() {
-  local p
-  for p in $(seq "$1" $(($1 + 200))); do
-    ss -Hltn "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
-  done
-  echo "$1"
-}
 
 fail=0
 n=0
@@ -42,30 +30,25 @@ for spec in "$@"; do
   [ -n "${BENCH_NO_PCAP:-}" ] && pcap=
   SOFTRNIC_IP=$sip timeout -k 5 120 "$launch" -- ucx_perftest -p "$port" >"$work/s.out" 2>&1 &
   spid=$!
-  for _ in $(seq 1 200); do
-    ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
-    kill -0 "$spid" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_listen "$port" "$spid"
   env SOFTRNIC_IP=$cip ${pcap:+SOFTRNIC_PCAP=$pcap} timeout -k 5 120 "$launch" -- \
     ucx_perftest 127.0.0.1 -p "$port" -t "$t" -s "$size" -n "$iters" -w 100 >"$work/c.out" 2>&1
   crc=$?
   wait "$spid"; src=$?
   final=$(grep -E '^ *Final:' "$work/c.out" | tail -1)
-  pkts=0
-  [ -s "$pcap" ] && pkts=$(capinfos -M -c "$pcap" 2>/dev/null | awk -F: '/Number of packets/ {gsub(/ /, "", $2); print $2}')
+  pkts=$(pcap_packets "$pcap")
   # "Final:" row: iterations, latency typical/average/overall (usec), bandwidth
   # average/overall (MB/s), message rate average/overall.
-  lat=$(awk '{print $3}' <<<"$final"); bw=$(awk '{print $6}' <<<"$final")
+  lat=$(awk '{print $3}' <<<"$final"); bw=$(awk '{print $7}' <<<"$final")
   if [ "$crc" -ne 0 ] || [ "$src" -ne 0 ] || [ -z "$final" ]; then
     echo "FAIL: $tls $t $size: client exit $crc, server exit $src"
     echo "== server"; tail -20 "$work/s.out"; echo "== client"; tail -20 "$work/c.out"
     fail=1
-  elif [ "$tls" != tcp ] && [ -n "$pcap" ] && [ "${pkts:-0}" -lt "$iters" ]; then
-    echo "FAIL: $tls $t $size: only ${pkts:-0} RoCE packets for $iters iterations (not over softrnic?)"
+  elif [ "$tls" != tcp ] && [ -n "$pcap" ] && [ "$pkts" -lt "$iters" ]; then
+    echo "FAIL: $tls $t $size: only $pkts RoCE packets for $iters iterations (not over softrnic?)"
     fail=1
   else
-    echo "ok: $tls $t $size: $final (client device: ${pkts:-0} packets)"
+    echo "ok: $tls $t $size: $final${pcap:+ (client device: $pkts packets)}"
     echo "figure $tls $t $size ${lat:-n/a} ${bw:-n/a}"
   fi
 done
