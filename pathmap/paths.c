@@ -42,51 +42,51 @@ enum { kMaxPath = 4096 };
 static const char kSysPrefix[] = "/sys/class/infiniband/";
 static const char kDevPrefix[] = "/dev/infiniband/";
 
-/* The next definition of `name` (libc's), looked up once. Lock-free: every thread that races
- * stores the same pointer. */
-static void* next_sym(void** slot, const char* name, const char* version) {
-  void* p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+/* The interposed functions and the symbol version of the next definition (libc's) to bind:
+ * NULL for the default one; the old stat entry points glibc 2.33+ keeps only as compat
+ * symbols (x86_64 version). */
+#define kCompatVer "GLIBC_2.2.5"
+#define PATHMAP_SYMBOLS(X)                                                                \
+  X(stat, NULL) X(stat64, NULL) X(lstat, NULL) X(lstat64, NULL) X(fstatat, NULL)          \
+  X(fstatat64, NULL) X(__xstat, kCompatVer) X(__xstat64, kCompatVer)                       \
+  X(__lxstat, kCompatVer) X(__lxstat64, kCompatVer) X(__fxstatat, kCompatVer)              \
+  X(__fxstatat64, kCompatVer) X(statx, NULL) X(access, NULL) X(faccessat, NULL)            \
+  X(euidaccess, NULL) X(eaccess, NULL) X(open, NULL) X(open64, NULL) X(__open_2, NULL)     \
+  X(__open64_2, NULL) X(openat, NULL) X(openat64, NULL) X(__openat_2, NULL)                \
+  X(__openat64_2, NULL) X(fopen, NULL) X(fopen64, NULL) X(opendir, NULL) X(readlink, NULL) \
+  X(readlinkat, NULL)
+
+enum {
+#define X(name, ver) kSym_##name,
+  PATHMAP_SYMBOLS(X)
+#undef X
+  kSymCount
+};
+static const struct {
+  const char* name;
+  const char* version;
+} kSyms[kSymCount] = {
+#define X(name, ver) {#name, ver},
+    PATHMAP_SYMBOLS(X)
+#undef X
+};
+static void* g_next[kSymCount];
+
+/* The next definition of symbol i. Lock-free: every thread that races stores the same pointer. */
+static void* next_sym(int i) {
+  void* p = __atomic_load_n(&g_next[i], __ATOMIC_ACQUIRE);
   if (p != NULL) return p;
-  if (version != NULL) p = dlvsym(RTLD_NEXT, name, version);
-  if (p == NULL) p = dlsym(RTLD_NEXT, name);
-  __atomic_store_n(slot, p, __ATOMIC_RELEASE);
+  if (kSyms[i].version != NULL) p = dlvsym(RTLD_NEXT, kSyms[i].name, kSyms[i].version);
+  if (p == NULL) p = dlsym(RTLD_NEXT, kSyms[i].name);
+  __atomic_store_n(&g_next[i], p, __ATOMIC_RELEASE);
   return p;
 }
-#define NEXT(type, name) ((type)next_sym(&next_##name, #name, NULL))
-#define NEXT_V(type, name, ver) ((type)next_sym(&next_##name, #name, ver))
-/* The old stat entry points glibc 2.33+ keeps only as compat symbols (x86_64 version). */
-#define kCompatVer "GLIBC_2.2.5"
+#define NEXT(type, name) ((type)next_sym(kSym_##name))
 
-static void* next_lstat;
-static void* next_stat;
-static void* next_stat64;
-static void* next_lstat64;
-static void* next_fstatat;
-static void* next_fstatat64;
-static void* next___xstat;
-static void* next___xstat64;
-static void* next___lxstat;
-static void* next___lxstat64;
-static void* next___fxstatat;
-static void* next___fxstatat64;
-static void* next_statx;
-static void* next_access;
-static void* next_faccessat;
-static void* next_euidaccess;
-static void* next_eaccess;
-static void* next_open;
-static void* next_open64;
-static void* next___open_2;
-static void* next___open64_2;
-static void* next_openat;
-static void* next_openat64;
-static void* next___openat_2;
-static void* next___openat64_2;
-static void* next_fopen;
-static void* next_fopen64;
-static void* next_opendir;
-static void* next_readlink;
-static void* next_readlinkat;
+/* Resolved before main, so no lookup (which may allocate) runs inside a caller's open() later. */
+__attribute__((constructor)) static void resolve_all(void) {
+  for (int i = 0; i < kSymCount; i++) (void)next_sym(i);
+}
 
 /* True if `p` exists (without following a final symlink), asked of libc, errno kept. */
 static int exists(const char* p) {
@@ -180,29 +180,29 @@ EXPORT int fstatat64(int dirfd, const char* path, struct stat64* st, int flags) 
 }
 EXPORT int __xstat(int ver, const char* path, struct stat* st) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, const char*, struct stat*), __xstat, kCompatVer)(ver, p_, st);
+  return NEXT(int (*)(int, const char*, struct stat*), __xstat)(ver, p_, st);
 }
 EXPORT int __xstat64(int ver, const char* path, struct stat64* st) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, const char*, struct stat64*), __xstat64, kCompatVer)(ver, p_, st);
+  return NEXT(int (*)(int, const char*, struct stat64*), __xstat64)(ver, p_, st);
 }
 EXPORT int __lxstat(int ver, const char* path, struct stat* st) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, const char*, struct stat*), __lxstat, kCompatVer)(ver, p_, st);
+  return NEXT(int (*)(int, const char*, struct stat*), __lxstat)(ver, p_, st);
 }
 EXPORT int __lxstat64(int ver, const char* path, struct stat64* st) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, const char*, struct stat64*), __lxstat64, kCompatVer)(ver, p_, st);
+  return NEXT(int (*)(int, const char*, struct stat64*), __lxstat64)(ver, p_, st);
 }
 EXPORT int __fxstatat(int ver, int dirfd, const char* path, struct stat* st, int flags) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, int, const char*, struct stat*, int), __fxstatat,
-                kCompatVer)(ver, dirfd, p_, st, flags);
+  return NEXT(int (*)(int, int, const char*, struct stat*, int), __fxstatat)(ver, dirfd, p_, st,
+                                                                            flags);
 }
 EXPORT int __fxstatat64(int ver, int dirfd, const char* path, struct stat64* st, int flags) {
   MAPPED(path, kStat);
-  return NEXT_V(int (*)(int, int, const char*, struct stat64*, int), __fxstatat64,
-                kCompatVer)(ver, dirfd, p_, st, flags);
+  return NEXT(int (*)(int, int, const char*, struct stat64*, int), __fxstatat64)(ver, dirfd, p_,
+                                                                                st, flags);
 }
 EXPORT int statx(int dirfd, const char* path, int flags, unsigned int mask, struct statx* stx) {
   MAPPED(path, kStat);
