@@ -29,7 +29,11 @@ ALLOWED = {
                    "emu/services"],
     "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services"],
     "pathmap": [],
+    # librdmacm.so.1: only verbs_shim/cm_bridge.h (it must not link or include the engine).
+    "rdmacm_shim": ["verbs_shim"],
 }
+# Layers that may take only these headers from the folders they may include.
+ONLY_HEADERS = {"rdmacm_shim": {"verbs_shim/cm_bridge.h"}}
 # Headers no engine layer may include: emu keeps its own mirrored types.
 FORBIDDEN_SYSTEM = re.compile(r"^(infiniband|rdma)/")
 ENGINE = ("base", "wire", "emu/")
@@ -66,6 +70,11 @@ def check_file(root, rel):
             target = layer_of(path)
             if target is None:
                 continue  # not a project header (or a same-folder relative include)
+            only = ONLY_HEADERS.get(layer)
+            if only is not None and target != layer and path not in only:
+                errors.append(f"{rel}:{n}: {layer} must not include \"{path}\" "
+                              f"(it may include only: {', '.join(sorted(only))})")
+                continue
             if target not in allowed:
                 errors.append(f"{rel}:{n}: {layer} must not include \"{path}\" "
                               f"({layer} may include: {', '.join(sorted(allowed))})")

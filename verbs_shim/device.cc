@@ -68,6 +68,8 @@ void init_device_locked() {
                 root.c_str(), name.c_str());
   g_dev.node_guid_be_ = htobe64(device_guid(name));
   g_dev.index_ = 0;
+  g_dev.cm_tail_.magic = SOFTRNIC_CM_MAGIC;
+  g_dev.cm_tail_.ops = cm_bridge_ops();
   g_dev_ok = true;
 }
 

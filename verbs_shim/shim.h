@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "emu/objects/device.h"
+#include "verbs_shim/cm_bridge.h"
 #include "verbs_shim/config.h"
 #include "verbs_shim/host.h"
 
@@ -41,8 +42,10 @@ struct DeviceEntry {
   uint64_t verbs_device_pad_[6] = {};       // refcount, entry, sysfs, core_support
   uint64_t node_guid_be_ = 0;               // big-endian, as ibv_get_device_guid returns
   int index_ = 0;
+  softrnic_cm_tail cm_tail_{};              // librdmacm's way in (verbs_shim/cm_bridge.h)
 };
 static_assert(offsetof(DeviceEntry, verbs_device_ops_) == sizeof(ibv_device));
+static_assert(offsetof(DeviceEntry, cm_tail_) == SOFTRNIC_CM_TAIL_OFFSET);
 
 // The device list of this process (one embedded device). Never fails; an invalid
 // SOFTRNIC_NAME yields an empty list and a message on stderr.

@@ -1,0 +1,180 @@
+// Event channels and events: rdma_create/destroy_event_channel, rdma_get_cm_event,
+// rdma_ack_cm_event, rdma_event_str, and the sync-mode wait (ucma_complete).
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "rdmacm_shim/cma.h"
+
+namespace rnic::rdmacm {
+
+Channel* channel_new() {
+  auto* c = new (std::nothrow) Channel();
+  if (c == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  c->pub.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+  if (c->pub.fd < 0) {
+    int e = errno;
+    delete c;
+    errno = e;
+    return nullptr;
+  }
+  return c;
+}
+
+void channel_free(Channel* c) {
+  if (c == nullptr) return;
+  for (Event* e : c->q) delete e;
+  close(c->pub.fd);
+  delete c;
+}
+
+Event* queue_event(Id* id, rdma_cm_event_type type, int status, Channel* on) {
+  auto* ev = new Event();
+  std::memset(&ev->pub, 0, sizeof ev->pub);
+  std::memset(ev->pdata, 0, sizeof ev->pdata);
+  ev->owner = id;
+  ev->pub.id = &id->pub;
+  ev->pub.event = type;
+  ev->pub.status = status;
+  queue_push(on ? on : to_channel(id->pub.channel), ev);
+  return ev;
+}
+
+void queue_push(Channel* ch, Event* ev) {
+  ch->q.push_back(ev);
+  uint64_t one = 1;
+  ssize_t w = write(ch->pub.fd, &one, sizeof one);
+  (void)w;
+}
+
+void purge_events(Id* id, Channel* to) {
+  Channel* ch = to_channel(id->pub.channel);
+  auto& q = ch->q;
+  for (auto it = q.begin(); it != q.end();) {
+    if ((*it)->owner == id) {
+      if (to != nullptr) {
+        to->q.push_back(*it);
+        uint64_t one = 1;
+        ssize_t w = write(to->pub.fd, &one, sizeof one);
+        (void)w;
+      } else {
+        delete *it;
+      }
+      it = q.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+namespace {
+
+int get_event(Channel* ch, rdma_cm_event** out) {
+  for (;;) {
+    uint64_t v = 0;
+    ssize_t r = read(ch->pub.fd, &v, sizeof v);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;  // EAGAIN when the application made the fd non-blocking
+    }
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (ch->q.empty()) continue;  // a purged event's spare count
+    Event* ev = ch->q.front();
+    ch->q.pop_front();
+    ev->owner->reported++;
+    *out = &ev->pub;
+    return 0;
+  }
+}
+
+}  // namespace
+
+int ucma_complete(Id* id) {
+  if (!id->sync) return 0;
+  if (id->pub.event != nullptr) {
+    rdma_ack_cm_event(id->pub.event);
+    id->pub.event = nullptr;
+  }
+  rdma_cm_event* ev = nullptr;
+  if (get_event(to_channel(id->pub.channel), &ev) != 0) return -1;
+  id->pub.event = ev;
+  if (ev->status != 0) {
+    if (ev->event == RDMA_CM_EVENT_REJECTED) return fail(ECONNREFUSED);
+    return fail(ev->status < 0 ? -ev->status : ev->status);
+  }
+  return 0;
+}
+
+}  // namespace rnic::rdmacm
+
+using namespace rnic::rdmacm;
+
+RDMACM_EXPORT struct rdma_event_channel* rdma_create_event_channel(void) {
+  int rc = ucma_init();
+  if (rc != 0) {
+    errno = rc;
+    return nullptr;
+  }
+  Channel* c = channel_new();
+  return c ? &c->pub : nullptr;
+}
+
+RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel) {
+  if (channel == nullptr) return;
+  Channel* c = to_channel(channel);
+  {
+    std::lock_guard<std::mutex> lk(g().mu);
+    for (Event* e : c->q) delete e;
+    c->q.clear();
+  }
+  close(c->pub.fd);
+  delete c;
+}
+
+RDMACM_EXPORT int rdma_get_cm_event(struct rdma_event_channel* channel, struct rdma_cm_event** event) {
+  return guard([&] {
+    int rc = ucma_init();
+    if (rc != 0) return fail(rc);
+    if (channel == nullptr || event == nullptr) return fail(EINVAL);
+    return get_event(to_channel(channel), event);
+  });
+}
+
+RDMACM_EXPORT int rdma_ack_cm_event(struct rdma_cm_event* event) {
+  if (event == nullptr) return fail(EINVAL);
+  Event* ev = to_event(event);
+  {
+    std::lock_guard<std::mutex> lk(g().mu);
+    ev->owner->acked++;
+  }
+  g().acked_cv.notify_all();
+  delete ev;
+  return 0;
+}
+
+RDMACM_EXPORT const char* rdma_event_str(enum rdma_cm_event_type event) {
+  switch (event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+  }
+  return "UNKNOWN EVENT";
+}

@@ -1,0 +1,324 @@
+// The CM agent's messages turned into rdma_cm events (cm-notes §2.2), in the worker
+// thread: the device's callback only queues them, so QP modifies and replies never run in
+// the device's thread. Also the 36-byte IP CM header.
+#include <arpa/inet.h>
+#include <pthread.h>
+
+#include <cstring>
+#include <thread>
+
+#include "rdmacm_shim/cma.h"
+
+namespace rnic::rdmacm {
+
+void cma_hdr_build(const sockaddr_in& src, const sockaddr_in& dst, uint8_t out[kCmaHdrSize]) {
+  std::memset(out, 0, kCmaHdrSize);
+  out[0] = 0x00;       // MajV | MinV
+  out[1] = 4 << 4;     // IP version
+  std::memcpy(out + 2, &src.sin_port, 2);            // the active side's port
+  std::memcpy(out + 4 + 12, &src.sin_addr.s_addr, 4);  // IPv4: 12 zero bytes + the address
+  std::memcpy(out + 20 + 12, &dst.sin_addr.s_addr, 4);
+}
+
+bool cma_hdr_parse(const uint8_t* in, sockaddr_in* src, sockaddr_in* dst) {
+  if (in[0] != 0x00 || (in[1] >> 4) != 4) return false;
+  std::memset(src, 0, sizeof *src);
+  std::memset(dst, 0, sizeof *dst);
+  src->sin_family = dst->sin_family = AF_INET;
+  std::memcpy(&src->sin_port, in + 2, 2);
+  std::memcpy(&src->sin_addr.s_addr, in + 16, 4);
+  std::memcpy(&dst->sin_addr.s_addr, in + 32, 4);
+  return true;
+}
+
+namespace {
+
+struct Item {
+  Device* dev;
+  uint64_t conn, listen;
+  softrnic_cm_msg msg;
+};
+
+std::mutex q_mu;
+std::condition_variable q_cv;
+std::deque<Item>* q = nullptr;  // leaked on purpose (the worker outlives exit)
+bool worker_started = false;
+
+void set_conn_param(Event* ev, const softrnic_cm_msg& m, int pdata_max, int skip) {
+  rdma_conn_param& c = ev->pub.param.conn;
+  int n = pdata_max - skip;
+  if (n < 0) n = 0;
+  std::memcpy(ev->pdata, m.private_data + skip, static_cast<size_t>(n));
+  c.private_data = ev->pdata;
+  c.private_data_len = static_cast<uint8_t>(n);
+  c.responder_resources = m.initiator_depth;  // swapped: what the peer will ask of us
+  c.initiator_depth = m.responder_resources;
+  c.flow_control = m.flow_control;
+  c.retry_count = m.retry_count;
+  c.rnr_retry_count = m.rnr_retry_count;
+  c.srq = m.srq;
+  c.qp_num = m.qpn;
+}
+
+void fill_ud_ah(Id* id, ibv_ah_attr* ah) {
+  std::memset(ah, 0, sizeof *ah);
+  ah->is_global = 1;
+  std::memcpy(ah->grh.dgid.raw, id->path.dgid.raw, 16);
+  ah->grh.sgid_index = 0;
+  ah->grh.hop_limit = id->path.hop_limit ? id->path.hop_limit : 64;
+  ah->grh.traffic_class = id->path.traffic_class;
+  ah->grh.flow_label = ntohl(id->path.flow_label);
+  ah->port_num = id->pub.port_num;
+}
+
+// Builds the id of an incoming REQ / SIDR_REQ (cm-notes §2.1): inherits from the listener,
+// addresses from the CMA header, the route from the REQ's primary path.
+void on_request(Device* d, uint64_t conn, uint64_t listen, const softrnic_cm_msg& m) {
+  auto it = g().listens.find({d, listen});
+  softrnic_cm_msg rej{};
+  rej.type = m.type == SOFTRNIC_CM_SIDR_REQ ? SOFTRNIC_CM_SIDR_REP : SOFTRNIC_CM_REJ;
+  rej.status = m.type == SOFTRNIC_CM_SIDR_REQ ? 1u : kRejConsumer;  // SID unsupported / consumer
+  rej.service_id = m.service_id;
+  if (it == g().listens.end()) {
+    d->ops->send(d->verbs, conn, &rej);
+    d->ops->release(d->verbs, conn);
+    return;
+  }
+  Id* l = it->second;
+  bool ud = m.type == SOFTRNIC_CM_SIDR_REQ;
+  bool want_ud = l->pub.qp_type == IBV_QPT_UD;
+  sockaddr_in src{}, dst{};
+  bool hdr = uses_cma_hdr(l);
+  bool ok = ud == want_ud && (!hdr || cma_hdr_parse(m.private_data, &src, &dst));
+  // An IP-bound listener takes only requests for its address.
+  in_addr bound{};
+  if (ok && hdr && sa_ipv4(reinterpret_cast<sockaddr*>(&l->bound), &bound) && bound.s_addr != 0 &&
+      bound.s_addr != dst.sin_addr.s_addr)
+    ok = false;
+  Id* id = ok ? id_for_request(l, d) : nullptr;
+  if (id == nullptr) {
+    d->ops->send(d->verbs, conn, &rej);
+    d->ops->release(d->verbs, conn);
+    return;
+  }
+  id->port = 0;  // the listener owns the port
+  auto& ra = id->pub.route.addr;
+  dst.sin_port = htons(static_cast<uint16_t>(m.service_id & 0xFFFF));
+  std::memcpy(&ra.src_addr, &dst, sizeof dst);  // our side: the header's destination
+  std::memcpy(&ra.dst_addr, &src, sizeof src);
+  std::memcpy(ra.addr.ibaddr.sgid.raw, d->info.gid, 16);
+  if (ud) {
+    std::memset(ra.addr.ibaddr.dgid.raw, 0, 16);
+    ra.addr.ibaddr.dgid.raw[10] = ra.addr.ibaddr.dgid.raw[11] = 0xFF;
+    std::memcpy(ra.addr.ibaddr.dgid.raw + 12, &src.sin_addr.s_addr, 4);
+  } else {
+    std::memcpy(ra.addr.ibaddr.dgid.raw, m.local_gid, 16);
+  }
+  ra.addr.ibaddr.pkey = htons(0xFFFF);
+  ibv_sa_path_rec& p = id->path;
+  std::memcpy(p.sgid.raw, ra.addr.ibaddr.sgid.raw, 16);
+  std::memcpy(p.dgid.raw, ra.addr.ibaddr.dgid.raw, 16);
+  p.hop_limit = ud ? 64 : m.hop_limit;
+  p.traffic_class = m.traffic_class;
+  p.flow_label = htonl(m.flow_label);
+  p.reversible = 1;
+  p.numb_path = 1;
+  p.pkey = htons(0xFFFF);
+  p.sl = m.sl;
+  p.mtu_selector = 2;
+  p.mtu = ud ? id->mtu : m.path_mtu;
+  p.rate_selector = 2;
+  p.rate = 3;
+  p.packet_life_time_selector = 2;
+  p.packet_life_time = kPacketLifetime;
+  id->pub.route.num_paths = 1;
+  id->mtu = p.mtu;
+  id->conn = conn;
+  id->conn_dev = d;
+  g().conns[{d, conn}] = id;
+  id->state = State::kReqRcvd;
+  id->peer_known = true;
+  id->peer_qpn = m.qpn;
+  id->peer_psn = m.starting_psn;
+  id->peer_rr = m.responder_resources;
+  id->peer_ini = m.initiator_depth;
+  id->retry = m.retry_count;
+  id->rnr = m.rnr_retry_count;  // what the requester asks us to retry (our QP's rnr_retry)
+  if (!ud && m.local_ack_timeout != 0 && !id->ack_timeout_set) id->ack_timeout = kDefaultAckTimeout;
+  Event* ev = queue_event(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0, to_channel(l->pub.channel));
+  ev->pub.listen_id = &l->pub;
+  int skip = hdr ? kCmaHdrSize : 0;
+  if (ud) {
+    rdma_ud_param& u = ev->pub.param.ud;
+    std::memcpy(ev->pdata, m.private_data + skip, static_cast<size_t>(kSidrReqPdata - skip));
+    u.private_data = ev->pdata;
+    u.private_data_len = static_cast<uint8_t>(kSidrReqPdata - skip);
+    fill_ud_ah(id, &u.ah_attr);
+  } else {
+    set_conn_param(ev, m, kReqPdata, skip);
+  }
+}
+
+void on_rep(Id* id, const softrnic_cm_msg& m) {
+  if (id->state != State::kConnect) return;
+  id->peer_known = true;
+  id->peer_qpn = m.qpn;
+  id->peer_psn = m.starting_psn;
+  // Active side after the REP (ib_cm): responder resources = the REP's initiator depth,
+  // initiator depth = the REP's responder resources; rnr retry = the REP's.
+  id->rr = m.initiator_depth;
+  id->ini = m.responder_resources;
+  id->rnr = m.rnr_retry_count;
+  if (id->pub.qp == nullptr) {
+    id->state = State::kRepRcvd;
+    Event* ev = queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+    set_conn_param(ev, m, kRepPdata, 0);
+    return;
+  }
+  int rc = qp_connect(id);
+  softrnic_cm_msg reply{};
+  if (rc != 0) {
+    reply.type = SOFTRNIC_CM_REJ;
+    reply.status = kRejConsumer;
+    reply.rej_msg = 1;
+    cm_send(id, reply);
+    id->conn_error = true;
+    id->state = State::kDone;
+    queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -rc);
+    return;
+  }
+  reply.type = SOFTRNIC_CM_RTU;
+  cm_send(id, reply);
+  id->state = State::kEstablished;
+  Event* ev = queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+  set_conn_param(ev, m, kRepPdata, 0);
+}
+
+void on_sidr_rep(Id* id, const softrnic_cm_msg& m) {
+  if (id->state != State::kConnect) return;
+  if (m.status != 0) {
+    id->state = State::kDone;
+    Event* ev = queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(m.status));
+    std::memcpy(ev->pdata, m.private_data, kSidrRepPdata);
+    ev->pub.param.ud.private_data = ev->pdata;
+    ev->pub.param.ud.private_data_len = kSidrRepPdata;
+    return;
+  }
+  id->state = State::kEstablished;
+  Event* ev = queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+  rdma_ud_param& u = ev->pub.param.ud;
+  std::memcpy(ev->pdata, m.private_data, kSidrRepPdata);
+  u.private_data = ev->pdata;
+  u.private_data_len = kSidrRepPdata;
+  fill_ud_ah(id, &u.ah_attr);
+  u.qp_num = m.qpn;
+  u.qkey = m.qkey;
+}
+
+void on_message(Device* d, uint64_t conn, uint64_t listen, const softrnic_cm_msg& m) {
+  if (m.type == SOFTRNIC_CM_REQ || m.type == SOFTRNIC_CM_SIDR_REQ) {
+    on_request(d, conn, listen, m);
+    return;
+  }
+  auto it = g().conns.find({d, conn});
+  if (it == g().conns.end()) return;  // its id is gone
+  Id* id = it->second;
+  switch (m.type) {
+    case SOFTRNIC_CM_REP: on_rep(id, m); break;
+    case SOFTRNIC_CM_SIDR_REP: on_sidr_rep(id, m); break;
+    case SOFTRNIC_CM_RTU:
+      if (id->state == State::kRepSent) {
+        id->state = State::kEstablished;
+        Event* ev = queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+        ev->pub.param.conn.private_data = ev->pdata;
+      }
+      break;
+    case SOFTRNIC_CM_REJ: {
+      if (id->conn_error) break;  // swallowed after CONNECT_ERROR, as librdmacm does
+      if (id->state != State::kConnect && id->state != State::kRepSent && id->state != State::kRepRcvd) break;
+      id->state = State::kDone;
+      Event* ev = queue_event(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status));
+      std::memcpy(ev->pdata, m.private_data, kRejPdata);
+      ev->pub.param.conn.private_data = ev->pdata;
+      ev->pub.param.conn.private_data_len = kRejPdata;
+      break;
+    }
+    case SOFTRNIC_CM_DREQ:
+      if (id->conn_error) break;
+      if (id->state == State::kRepSent) {  // a DREQ implies the RTU we missed
+        id->state = State::kEstablished;
+        queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+      }
+      if (id->state == State::kEstablished) {
+        id->dreq_rcvd = true;
+        id->state = State::kDisconnect;
+        queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+      } else if (id->state == State::kDisconnect) {
+        // crossing DREQs: ours is answered by theirs
+        id->dreq_rcvd = true;
+        softrnic_cm_msg drep{};
+        drep.type = SOFTRNIC_CM_DREP;
+        cm_send(id, drep);
+        id->dreq_rcvd = false;
+        queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+      }
+      break;
+    case SOFTRNIC_CM_DREP:
+      if (id->state == State::kDisconnect && !id->dreq_rcvd) queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+      break;
+    case SOFTRNIC_CM_TIMEOUT:
+      if (m.status == SOFTRNIC_CM_DREQ) {
+        if (id->state == State::kDisconnect) queue_event(id, RDMA_CM_EVENT_DISCONNECTED, -ETIMEDOUT);
+      } else if (id->state == State::kConnect || id->state == State::kRepSent) {
+        id->state = State::kDone;
+        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+      }
+      break;
+    case SOFTRNIC_CM_TIMEWAIT_EXIT:
+      if (id->state == State::kDisconnect) {
+        id->state = State::kDone;
+        queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+      }
+      break;
+    default: break;
+  }
+}
+
+void worker_main() {
+  pthread_setname_np(pthread_self(), "rdmacm-cm");
+  for (;;) {
+    Item it;
+    {
+      std::unique_lock<std::mutex> lk(q_mu);
+      q_cv.wait(lk, [] { return !q->empty(); });
+      it = q->front();
+      q->pop_front();
+    }
+    try {
+      std::lock_guard<std::mutex> lk(g().mu);
+      on_message(it.dev, it.conn, it.listen, it.msg);
+    } catch (...) {
+      // allocation failure: the message is lost, as a dropped MAD would be
+    }
+  }
+}
+
+}  // namespace
+
+void cm_handler(void* user, uint64_t conn, uint64_t listen, const softrnic_cm_msg* m) {
+  if (m == nullptr) return;
+  try {
+    std::lock_guard<std::mutex> lk(q_mu);
+    if (q == nullptr) q = new std::deque<Item>();
+    if (!worker_started) {
+      std::thread(worker_main).detach();
+      worker_started = true;
+    }
+    q->push_back(Item{static_cast<Device*>(user), conn, listen, *m});
+  } catch (...) {
+    return;
+  }
+  q_cv.notify_one();
+}
+
+}  // namespace rnic::rdmacm

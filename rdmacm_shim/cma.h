@@ -1,0 +1,204 @@
+// Internal objects of the librdmacm shim (rdma-core 44 ABI over softrnic's CM agent).
+// Each public struct (rdma_event_channel, rdma_cm_id, rdma_cm_event) is the FIRST member of
+// a shim object, so the application's pointer converts back with a cast.
+// Contract: nothing here is exported; only RDMACM_EXPORT functions listed in exports.map
+// leave the library, and no C++ exception crosses the ABI (guard_* below).
+//
+// Threads: the application's threads, and one worker thread (cm.cc) that turns the CM
+// agent's messages (queued by the device's callback) into QP modifies, replies and events.
+// One process-wide mutex (g().mu) guards every id, listener and connection map; nothing
+// blocks while holding it except the QP modifies and agent sends the worker issues.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <infiniband/ib.h>
+#include <rdma/rdma_verbs.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "verbs_shim/cm_bridge.h"
+
+#define RDMACM_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace rnic::rdmacm {
+
+// Wire facts rdma_cm adds on top of the IB CM (cm-notes §0, §2.3, §3.6).
+inline constexpr int kCmaHdrSize = 36;
+inline constexpr int kReqPdata = 92, kRepPdata = 196, kRejPdata = 148;
+inline constexpr int kSidrReqPdata = 216, kSidrRepPdata = 136;
+inline constexpr uint8_t kDefaultAckTimeout = 19;  // cm_ack_timeout at packet lifetime 18
+inline constexpr uint8_t kPacketLifetime = 18;
+inline constexpr uint16_t kRejConsumer = 28, kRejVendorOption = 35;
+inline constexpr uint32_t kSidrRejected = 2;
+
+// One softrnic device, opened once by init and kept open until unload (rdma_get_devices
+// hands these contexts out; they must equal id->verbs).
+struct Device {
+  ibv_context* verbs = nullptr;
+  const softrnic_cm_ops* ops = nullptr;
+  softrnic_cm_device_info info{};
+  ibv_device_attr attr{};
+  ibv_pd* pd = nullptr;  // the default PD of ids on this device (id->pd)
+};
+
+struct Id;
+
+struct Event {
+  rdma_cm_event pub;
+  Id* owner = nullptr;  // the id whose event this is (event->id)
+  uint8_t pdata[256];
+};
+inline Event* to_event(rdma_cm_event* e) { return reinterpret_cast<Event*>(e); }
+
+// The channel fd is an eventfd in semaphore mode: one count per queued event, so it polls
+// readable (level-triggered) while events wait, and a read blocks unless O_NONBLOCK is set.
+// A purged event (its id destroyed before it was reported) leaves a spare count behind;
+// rdma_get_cm_event then finds the queue empty and reads again.
+struct Channel {
+  rdma_event_channel pub;
+  std::deque<Event*> q;  // guarded by g().mu
+};
+inline Channel* to_channel(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
+
+enum class State {
+  kIdle,
+  kAddrBound,
+  kAddrResolved,
+  kRouteResolved,
+  kListen,
+  kConnect,     // active: REQ / SIDR_REQ sent
+  kRepRcvd,     // active, no QP: CONNECT_RESPONSE given, waiting for rdma_establish
+  kReqRcvd,     // passive: CONNECT_REQUEST given, not accepted yet
+  kRepSent,     // passive: accepted, waiting for the RTU
+  kEstablished,
+  kDisconnect,  // DREQ sent or received
+  kDone,        // rejected, unreachable, or connection over
+};
+
+struct Id {
+  rdma_cm_id pub;
+  State state = State::kIdle;
+  Device* dev = nullptr;
+  Channel* own_channel = nullptr;  // sync mode: the private channel
+  bool sync = false;
+  int reported = 0, acked = 0;  // events returned by get_cm_event / acked (g().mu)
+  sockaddr_storage bound{};     // what bind_addr got (wildcard or a device address)
+  bool bound_set = false;
+  uint16_t port = 0;            // rdma_cm port (host order)
+  std::vector<std::pair<Device*, uint64_t>> listens;  // agent listen handles
+  uint64_t conn = 0;            // agent connection (0 none)
+  Device* conn_dev = nullptr;
+  ibv_sa_path_rec path{};
+  // Connection parameters (host order), see cma.cc's qp_attr for their use.
+  uint32_t my_psn = 0, peer_qpn = 0, peer_psn = 0, peer_qkey = 0;
+  uint8_t rr = 0, ini = 0;       // my max_dest_rd_atomic / max_rd_atomic
+  uint8_t retry = 7, rnr = 7;    // QP retry_cnt / rnr_retry
+  uint8_t mtu = IBV_MTU_1024;
+  uint8_t peer_ini = 0, peer_rr = 0;  // what the REQ asked (passive defaults)
+  bool dreq_rcvd = false, conn_error = false, peer_known = false;
+  uint8_t tos = 0, ack_timeout = kDefaultAckTimeout;
+  bool ack_timeout_set = false;
+  int afonly = 0, reuseaddr = 0;
+  // rdma_create_ep (passive): what rdma_get_request creates each QP with.
+  ibv_qp_init_attr* ep_attr = nullptr;
+  ibv_pd* ep_pd = nullptr;
+  ibv_ece local_ece{}, remote_ece{};
+  Id* listen_parent = nullptr;
+};
+inline Id* to_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
+
+struct Global {
+  std::mutex mu;
+  std::condition_variable acked_cv;  // an event was acked
+  bool init_done = false;
+  int init_err = 0;
+  std::vector<Device*> devs;
+  std::map<std::pair<Device*, uint64_t>, Id*> listens, conns;
+  std::set<std::pair<int, uint16_t>> ports;  // (port space, port) bound in this process
+  std::set<Id*> ids;                         // every live id
+};
+Global& g();
+
+// ---- cma.cc / device.cc ----
+// Opens the devices once (ENODEV: none, or the libibverbs in the process is not ours).
+// Returns 0 or an errno. Takes g().mu itself.
+int ucma_init();
+Device* device_for_ip(in_addr ip);  // REQUIRES g().mu; nullptr if no device has it
+Device* device_for_ctx(ibv_context* c);  // REQUIRES g().mu
+
+// ---- channel.cc ----
+Channel* channel_new();  // nullptr + errno
+void channel_free(Channel* c);
+// Queues an event for `id` on its channel. REQUIRES g().mu.
+// `on` overrides the channel (CONNECT_REQUEST of a sync listener goes to the listener's).
+Event* queue_event(Id* id, rdma_cm_event_type type, int status, Channel* on = nullptr);
+void queue_push(Channel* ch, Event* ev);  // REQUIRES g().mu
+// Removes the id's unreported events from its channel (destroy) or moves them to `to`.
+void purge_events(Id* id, Channel* to);  // REQUIRES g().mu
+// Sync mode: acks id->event, waits for the next event, leaves it in id->event; returns 0
+// or -1 with errno (ECONNREFUSED for REJECTED, -status for negative status).
+int ucma_complete(Id* id);
+
+// ---- id.cc ----
+Id* id_for_request(Id* listen, Device* d);  // REQUIRES g().mu
+int create_id_qpt(rdma_event_channel* ch, rdma_cm_id** out, void* ctx, rdma_port_space ps, ibv_qp_type qpt);
+
+// ---- cm.cc: the agent's messages ----
+void cm_handler(void* user, uint64_t conn, uint64_t listen, const softrnic_cm_msg* m);
+
+// ---- qp.cc ----
+// The attributes the CM gives a QP in `state` (rdma_init_qp_attr). REQUIRES g().mu.
+int qp_attr_for(Id* id, ibv_qp_attr* attr, int* mask);
+// Brings id->qp to RTS from the CM's attributes (INIT->INIT, RTR, RTS). REQUIRES g().mu.
+int qp_connect(Id* id);
+void qp_to_err(Id* id);
+
+// ---- helpers ----
+inline int fail(int e) {
+  errno = e;
+  return -1;
+}
+template <class F>
+int guard(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(ENOMEM);
+  } catch (...) {
+    return fail(EIO);
+  }
+}
+uint16_t sa_port(const sockaddr* sa);  // host order; 0 for unknown families
+void sa_set_port(sockaddr* sa, uint16_t port);
+socklen_t sa_len(const sockaddr* sa);
+// IPv4 address of an AF_INET or v4-mapped AF_INET6 sockaddr; false otherwise.
+bool sa_ipv4(const sockaddr* sa, in_addr* out);
+bool sa_any(const sockaddr* sa);
+uint32_t random24();
+
+}  // namespace rnic::rdmacm
+
+namespace rnic::rdmacm {
+// ---- cm.cc: rdma_cm's additions to the IB CM messages ----
+inline uint64_t service_id(int ps, uint16_t port) {
+  return (static_cast<uint64_t>(ps & 0xFFFF) << 16) | port;  // TCP 7471: 0x01061D2F
+}
+// The 36-byte IP CM header (cm-notes §3.6) for an IPv4 connection src -> dst.
+void cma_hdr_build(const sockaddr_in& src, const sockaddr_in& dst, uint8_t out[kCmaHdrSize]);
+// Parses it; false unless version 0 and IP version 4.
+bool cma_hdr_parse(const uint8_t* in, sockaddr_in* src, sockaddr_in* dst);
+// True when the id's messages carry the header (every address family except AF_IB).
+bool uses_cma_hdr(const Id* id);
+// Sends on the id's connection. REQUIRES g().mu.
+int cm_send(Id* id, const softrnic_cm_msg& m);
+}  // namespace rnic::rdmacm

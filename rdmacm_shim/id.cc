@@ -1,0 +1,703 @@
+// rdma_cm ids: create/destroy, bind, address and route resolution (cm-notes §5), listen,
+// connect/accept/reject/establish/notify/disconnect, migrate, options, ports, ECE and the
+// multicast calls (EOPNOTSUPP until UD multicast exists).
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "rdmacm_shim/cma.h"
+
+namespace rnic::rdmacm {
+namespace {
+
+bool valid_ps(int ps) {
+  return ps == RDMA_PS_TCP || ps == RDMA_PS_UDP || ps == RDMA_PS_IB || ps == RDMA_PS_IPOIB;
+}
+
+bool ud_ps(int ps) { return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB; }
+
+// REQUIRES g().mu.
+Id* id_new(Channel* ch, void* context, rdma_port_space ps, ibv_qp_type qpt) {
+  auto* id = new Id();
+  std::memset(&id->pub, 0, sizeof id->pub);
+  id->pub.context = context;
+  id->pub.ps = ps;
+  id->pub.qp_type = qpt;
+  id->pub.route.path_rec = &id->path;
+  if (ch == nullptr) {
+    id->own_channel = channel_new();
+    if (id->own_channel == nullptr) {
+      delete id;
+      return nullptr;
+    }
+    id->sync = true;
+    ch = id->own_channel;
+  }
+  id->pub.channel = &ch->pub;
+  g().ids.insert(id);
+  return id;
+}
+
+// The device an id lands on: sets verbs, pd, port_num. REQUIRES g().mu.
+void attach_device(Id* id, Device* d) {
+  id->dev = d;
+  id->pub.verbs = d->verbs;
+  id->pub.pd = d->pd;
+  id->pub.port_num = d->info.port_num;
+  id->mtu = d->info.active_mtu;
+}
+
+// Is `ip` an address of this host (a socket can bind it)?
+bool host_owns(in_addr ip) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr = ip;
+  bool ok = bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  close(s);
+  return ok;
+}
+
+// Reserves (ps, port) in this process; port 0 picks an ephemeral one. REQUIRES g().mu.
+int reserve_port(Id* id, uint16_t want) {
+  int ps = id->pub.ps;
+  if (want != 0) {
+    if (want < 1024 && geteuid() != 0) return EACCES;
+    if (g().ports.count({ps, want})) return EADDRINUSE;
+    g().ports.insert({ps, want});
+    id->port = want;
+    return 0;
+  }
+  for (int tries = 0; tries < 30000; ++tries) {
+    uint16_t p = static_cast<uint16_t>(32768 + random24() % 28232);  // ip_local_port_range
+    if (!g().ports.count({ps, p})) {
+      g().ports.insert({ps, p});
+      id->port = p;
+      return 0;
+    }
+  }
+  return EADDRINUSE;
+}
+
+// rdma_bind_addr's work. REQUIRES g().mu.
+int bind_locked(Id* id, const sockaddr* addr) {
+  if (id->state != State::kIdle) return EINVAL;
+  if (addr == nullptr) return EINVAL;
+  if (addr->sa_family == AF_IB) return EAFNOSUPPORT;
+  if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EAFNOSUPPORT;
+  in_addr ip{};
+  if (!sa_ipv4(addr, &ip)) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;  // IPv6: no device
+  Device* d = nullptr;
+  if (ip.s_addr != 0) {
+    d = device_for_ip(ip);
+    if (d == nullptr) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;
+  }
+  if (int rc = reserve_port(id, sa_port(addr)); rc != 0) return rc;
+  std::memset(&id->bound, 0, sizeof id->bound);
+  std::memcpy(&id->bound, addr, sa_len(addr));
+  id->bound_set = true;
+  std::memset(&id->pub.route.addr.src_addr, 0, sizeof id->pub.route.addr.src_storage);
+  std::memcpy(&id->pub.route.addr.src_addr, addr, sa_len(addr));
+  sa_set_port(&id->pub.route.addr.src_addr, id->port);
+  if (d != nullptr) {
+    attach_device(id, d);
+    std::memcpy(id->pub.route.addr.addr.ibaddr.sgid.raw, d->info.gid, 16);
+  }
+  id->pub.route.addr.addr.ibaddr.pkey = htons(0xFFFF);
+  id->state = State::kAddrBound;
+  return 0;
+}
+
+// The source address the kernel would pick for `dst` (a connected UDP socket's name).
+bool route_source(in_addr dst, in_addr* src) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(4791);
+  sa.sin_addr = dst;
+  bool ok = connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  socklen_t len = sizeof sa;
+  if (ok) ok = getsockname(s, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
+  close(s);
+  if (ok) *src = sa.sin_addr;
+  return ok;
+}
+
+// Device choice for an unbound active id (cm-notes §5): the device owning the route's
+// source address; else, for a loopback or zero destination, the first device on 127/8
+// (softrnic's devices take distinct 127.0.0.x addresses); else the first device.
+Device* device_for_dst(in_addr dst, int* err) {
+  in_addr src{};
+  bool loop = (ntohl(dst.s_addr) >> 24) == 127 || dst.s_addr == 0;
+  if (!loop && !route_source(dst, &src)) {
+    *err = ENETUNREACH;
+    return nullptr;
+  }
+  if (!loop)
+    if (Device* d = device_for_ip(src)) return d;
+  for (Device* d : g().devs)
+    if ((ntohl(d->info.ipv4.s_addr) >> 24) == 127 || !loop) return d;
+  *err = ENODEV;
+  return nullptr;
+}
+
+void fill_path(Id* id) {
+  ibv_sa_path_rec& p = id->path;
+  std::memset(&p, 0, sizeof p);
+  std::memcpy(p.sgid.raw, id->pub.route.addr.addr.ibaddr.sgid.raw, 16);
+  std::memcpy(p.dgid.raw, id->pub.route.addr.addr.ibaddr.dgid.raw, 16);
+  uint16_t sport = sa_port(&id->pub.route.addr.src_addr);
+  uint16_t dport = sa_port(&id->pub.route.addr.dst_addr);
+  p.flow_label = htonl((static_cast<uint32_t>(sport) * 31 + dport) & 0xFFFFF);
+  p.hop_limit = 64;
+  p.traffic_class = id->tos;
+  p.reversible = 1;
+  p.numb_path = 1;
+  p.pkey = htons(0xFFFF);
+  p.sl = 0;
+  p.mtu_selector = 2;  // exactly
+  p.mtu = id->mtu;
+  p.rate_selector = 2;
+  p.rate = 3;  // 10 Gb/s: softrnic reports no faster link
+  p.packet_life_time_selector = 2;
+  p.packet_life_time = id->ack_timeout_set && id->ack_timeout > 0 ? id->ack_timeout - 1 : kPacketLifetime;
+  id->pub.route.num_paths = 1;
+}
+
+// Conn-param checks shared by connect and accept (cm-notes §2.3).
+int check_depths(Id* id, const rdma_conn_param* p, uint8_t dflt_rr, uint8_t dflt_ini, uint8_t* rr,
+                 uint8_t* ini) {
+  const ibv_device_attr& a = id->dev->attr;
+  uint8_t max_rr = static_cast<uint8_t>(std::min(a.max_qp_rd_atom, 255));
+  uint8_t max_ini = static_cast<uint8_t>(std::min(a.max_qp_init_rd_atom, 255));
+  if (p == nullptr) {
+    *rr = std::min(dflt_rr, max_rr);
+    *ini = std::min(dflt_ini, max_ini);
+    return 0;
+  }
+  if (p->responder_resources != RDMA_MAX_RESP_RES && p->responder_resources > max_rr) return EINVAL;
+  if (p->initiator_depth != RDMA_MAX_INIT_DEPTH && p->initiator_depth > max_ini) return EINVAL;
+  *rr = p->responder_resources == RDMA_MAX_RESP_RES ? std::min(dflt_rr, max_rr) : p->responder_resources;
+  *ini = p->initiator_depth == RDMA_MAX_INIT_DEPTH ? std::min(dflt_ini, max_ini) : p->initiator_depth;
+  return 0;
+}
+
+void release_conn(Id* id) {
+  if (id->conn == 0) return;
+  g().conns.erase({id->conn_dev, id->conn});
+  id->conn_dev->ops->release(id->conn_dev->verbs, id->conn);
+  id->conn = 0;
+}
+
+int connect_locked(Id* id, const rdma_conn_param* p) {
+  if (id->state != State::kRouteResolved) return EINVAL;
+  bool ud = id->pub.qp_type == IBV_QPT_UD;
+  bool hdr = uses_cma_hdr(id);
+  int limit = (ud ? kSidrReqPdata : kReqPdata) - (hdr ? kCmaHdrSize : 0);
+  if (p != nullptr && p->private_data_len > limit) return EINVAL;
+  if (p != nullptr && p->private_data_len > 0 && p->private_data == nullptr) return EINVAL;
+  softrnic_cm_msg m{};
+  m.type = ud ? SOFTRNIC_CM_SIDR_REQ : SOFTRNIC_CM_REQ;
+  m.service_id = service_id(id->pub.ps, sa_port(&id->pub.route.addr.dst_addr));
+  size_t off = 0;
+  if (hdr) {
+    cma_hdr_build(*reinterpret_cast<sockaddr_in*>(&id->pub.route.addr.src_addr),
+                  *reinterpret_cast<sockaddr_in*>(&id->pub.route.addr.dst_addr), m.private_data);
+    off = kCmaHdrSize;
+  }
+  if (p != nullptr && p->private_data_len > 0) std::memcpy(m.private_data + off, p->private_data, p->private_data_len);
+  m.private_data_len = static_cast<uint32_t>(off + (p ? p->private_data_len : 0));
+  if (!ud) {
+    uint8_t rr = 0, ini = 0;
+    const ibv_device_attr& a = id->dev->attr;
+    if (int rc = check_depths(id, p, static_cast<uint8_t>(std::min(a.max_qp_rd_atom, 255)),
+                              static_cast<uint8_t>(std::min(a.max_qp_init_rd_atom, 255)), &rr, &ini);
+        rc != 0)
+      return rc;
+    m.qpn = id->pub.qp ? id->pub.qp->qp_num : (p ? p->qp_num & 0xFFFFFF : 0);
+    m.qp_type = id->pub.qp ? id->pub.qp->qp_type : IBV_QPT_RC;
+    id->my_psn = random24();
+    m.starting_psn = id->my_psn;
+    m.responder_resources = rr;
+    m.initiator_depth = ini;
+    m.retry_count = p ? std::min<uint8_t>(7, p->retry_count) : 7;
+    m.rnr_retry_count = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
+    m.flow_control = p ? (p->flow_control ? 1 : 0) : 1;
+    m.srq = id->pub.qp ? (id->pub.qp->srq != nullptr) : (p ? p->srq : 0);
+    m.path_mtu = id->path.mtu;
+    m.local_ack_timeout = id->ack_timeout;
+    m.traffic_class = id->path.traffic_class;
+    m.hop_limit = id->path.hop_limit;
+    m.sl = id->path.sl;
+    m.flow_label = ntohl(id->path.flow_label);
+    std::memcpy(m.local_gid, id->path.sgid.raw, 16);
+    std::memcpy(m.remote_gid, id->path.dgid.raw, 16);
+    // What the QP gets until the REP says otherwise (the REP swaps them, see cm.cc).
+    id->rr = rr;
+    id->ini = ini;
+    id->retry = m.retry_count;
+  }
+  in_addr dst{};
+  sa_ipv4(&id->pub.route.addr.dst_addr, &dst);
+  uint64_t conn = 0;
+  int rc = id->dev->ops->connect(id->dev->verbs, dst, &m, &conn);
+  if (rc != 0) return rc;
+  id->conn = conn;
+  id->conn_dev = id->dev;
+  g().conns[{id->dev, conn}] = id;
+  id->state = State::kConnect;
+  return 0;
+}
+
+int accept_locked(Id* id, const rdma_conn_param* p) {
+  if (id->state != State::kReqRcvd) return EINVAL;
+  bool ud = id->pub.qp_type == IBV_QPT_UD;
+  int limit = ud ? kSidrRepPdata : kRepPdata;
+  if (p != nullptr && p->private_data_len > limit) return EINVAL;
+  if (p != nullptr && p->private_data_len > 0 && p->private_data == nullptr) return EINVAL;
+  softrnic_cm_msg m{};
+  if (p != nullptr && p->private_data_len > 0) std::memcpy(m.private_data, p->private_data, p->private_data_len);
+  m.private_data_len = p ? p->private_data_len : 0;
+  if (ud) {
+    m.type = SOFTRNIC_CM_SIDR_REP;
+    m.status = 0;
+    m.service_id = service_id(id->pub.ps, id->port);
+    m.qpn = id->pub.qp ? id->pub.qp->qp_num : (p ? p->qp_num & 0xFFFFFF : 0);
+    m.qkey = RDMA_UDP_QKEY;
+    int rc = cm_send(id, m);
+    if (rc != 0) return rc;
+    id->state = State::kDone;  // SIDR has no ESTABLISHED on the passive side
+    return 0;
+  }
+  uint8_t rr = 0, ini = 0;
+  if (int rc = check_depths(id, p, id->peer_ini, id->peer_rr, &rr, &ini); rc != 0) return rc;
+  id->rr = rr;
+  id->ini = ini;
+  id->rnr = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
+  id->my_psn = random24();
+  if (id->pub.qp != nullptr) {
+    if (int rc = qp_connect(id); rc != 0) return rc;
+  }
+  m.type = SOFTRNIC_CM_REP;
+  m.qpn = id->pub.qp ? id->pub.qp->qp_num : (p ? p->qp_num & 0xFFFFFF : 0);
+  m.starting_psn = id->my_psn;
+  m.responder_resources = rr;
+  m.initiator_depth = ini;
+  m.target_ack_delay = id->dev->info.ack_delay;
+  m.flow_control = p ? (p->flow_control ? 1 : 0) : 1;
+  m.rnr_retry_count = id->rnr;
+  m.srq = id->pub.qp ? (id->pub.qp->srq != nullptr) : (p ? p->srq : 0);
+  int rc = cm_send(id, m);
+  if (rc != 0) return rc;
+  id->state = State::kRepSent;
+  return 0;
+}
+
+int reject_locked(Id* id, const void* pdata, uint8_t len, uint16_t reason) {
+  if (id->state != State::kReqRcvd) return EINVAL;
+  bool ud = id->pub.qp_type == IBV_QPT_UD;
+  if (len > (ud ? kSidrRepPdata : kRejPdata)) return EINVAL;
+  if (len > 0 && pdata == nullptr) return EINVAL;
+  softrnic_cm_msg m{};
+  if (len > 0) std::memcpy(m.private_data, pdata, len);
+  m.private_data_len = len;
+  if (ud) {
+    m.type = SOFTRNIC_CM_SIDR_REP;
+    m.status = kSidrRejected;
+    m.service_id = service_id(id->pub.ps, id->port);
+  } else {
+    m.type = SOFTRNIC_CM_REJ;
+    m.status = reason;
+    m.rej_msg = 0;
+  }
+  int rc = cm_send(id, m);
+  if (rc != 0) return rc;
+  id->state = State::kDone;
+  return 0;
+}
+
+// Waits (g().mu held through `lk`) until every reported event of `id` is acked.
+void wait_acked(Id* id, std::unique_lock<std::mutex>& lk) {
+  g().acked_cv.wait(lk, [&] { return id->acked >= id->reported; });
+}
+
+}  // namespace
+
+bool uses_cma_hdr(const Id* id) { return id->pub.route.addr.src_addr.sa_family != AF_IB; }
+
+int cm_send(Id* id, const softrnic_cm_msg& m) {
+  if (id->conn == 0) return EINVAL;
+  return id->conn_dev->ops->send(id->conn_dev->verbs, id->conn, &m);
+}
+
+// Used by cm.cc for incoming requests: a new id under `listen`. REQUIRES g().mu.
+Id* id_for_request(Id* listen, Device* d) {
+  Channel* ch = listen->sync ? nullptr : to_channel(listen->pub.channel);
+  Id* id = id_new(ch, listen->pub.context, listen->pub.ps, listen->pub.qp_type);
+  if (id == nullptr) return nullptr;
+  attach_device(id, d);
+  id->listen_parent = listen;
+  id->tos = listen->tos;
+  id->ack_timeout = listen->ack_timeout;
+  id->ack_timeout_set = listen->ack_timeout_set;
+  return id;
+}
+
+}  // namespace rnic::rdmacm
+
+using namespace rnic::rdmacm;
+
+RDMACM_EXPORT int rdma_create_id(struct rdma_event_channel* channel, struct rdma_cm_id** id, void* context,
+                                 enum rdma_port_space ps) {
+  return guard([&] {
+    if (int rc = ucma_init(); rc != 0) return fail(rc);
+    if (id == nullptr || !valid_ps(ps)) return fail(EINVAL);
+    std::lock_guard<std::mutex> lk(g().mu);
+    Id* i = id_new(channel ? to_channel(channel) : nullptr, context, ps, ud_ps(ps) ? IBV_QPT_UD : IBV_QPT_RC);
+    if (i == nullptr) return -1;
+    *id = &i->pub;
+    return 0;
+  });
+}
+
+// rdma_create_ep's variant with an explicit QP type (addrinfo.cc).
+namespace rnic::rdmacm {
+int create_id_qpt(rdma_event_channel* ch, rdma_cm_id** out, void* ctx, rdma_port_space ps, ibv_qp_type qpt) {
+  if (int rc = rdma_create_id(ch, out, ctx, ps); rc != 0) return rc;
+  (*out)->qp_type = qpt;
+  return 0;
+}
+}  // namespace rnic::rdmacm
+
+RDMACM_EXPORT int rdma_destroy_id(struct rdma_cm_id* id) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    if (i->pub.event != nullptr) {
+      rdma_ack_cm_event(i->pub.event);
+      i->pub.event = nullptr;
+    }
+    std::unique_lock<std::mutex> lk(g().mu);
+    for (auto& [d, h] : i->listens) {
+      g().listens.erase({d, h});
+      d->ops->unlisten(d->verbs, h);
+    }
+    i->listens.clear();
+    release_conn(i);
+    if (i->port != 0) g().ports.erase({i->pub.ps, i->port});
+    purge_events(i, nullptr);
+    wait_acked(i, lk);
+    g().ids.erase(i);
+    for (Id* other : g().ids)
+      if (other->listen_parent == i) other->listen_parent = nullptr;
+    Channel* own = i->own_channel;
+    lk.unlock();
+    channel_free(own);
+    delete i;
+    return 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_bind_addr(struct rdma_cm_id* id, struct sockaddr* addr) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    std::lock_guard<std::mutex> lk(g().mu);
+    int rc = bind_locked(to_id(id), addr);
+    return rc ? fail(rc) : 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_resolve_addr(struct rdma_cm_id* id, struct sockaddr* src_addr, struct sockaddr* dst_addr,
+                                    int /*timeout_ms*/) {
+  return guard([&] {
+    if (id == nullptr || dst_addr == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      in_addr dst{};
+      if (!sa_ipv4(dst_addr, &dst)) return fail(dst_addr->sa_family == AF_INET6 ? EADDRNOTAVAIL : EAFNOSUPPORT);
+      if (i->state == State::kIdle) {
+        sockaddr_in any{};
+        any.sin_family = AF_INET;
+        int rc = bind_locked(i, src_addr ? src_addr : reinterpret_cast<sockaddr*>(&any));
+        if (rc != 0) return fail(rc);
+      } else if (i->state != State::kAddrBound) {
+        return fail(EINVAL);
+      }
+      int err = 0;
+      Device* d = i->dev;
+      if (d == nullptr) d = device_for_dst(dst, &err);
+      std::memset(&i->pub.route.addr.dst_addr, 0, sizeof i->pub.route.addr.dst_storage);
+      std::memcpy(&i->pub.route.addr.dst_addr, dst_addr, sa_len(dst_addr));
+      if (d == nullptr) {
+        queue_event(i, RDMA_CM_EVENT_ADDR_ERROR, -err);
+      } else {
+        attach_device(i, d);
+        auto* src = reinterpret_cast<sockaddr_in*>(&i->pub.route.addr.src_addr);
+        src->sin_family = AF_INET;
+        src->sin_addr = d->info.ipv4;
+        src->sin_port = htons(i->port);
+        if (dst.s_addr == 0) dst = d->info.ipv4;  // zero destination: ourselves
+        auto& ib = i->pub.route.addr.addr.ibaddr;
+        std::memcpy(ib.sgid.raw, d->info.gid, 16);
+        std::memset(ib.dgid.raw, 0, 16);
+        ib.dgid.raw[10] = ib.dgid.raw[11] = 0xFF;
+        std::memcpy(ib.dgid.raw + 12, &dst.s_addr, 4);
+        ib.pkey = htons(0xFFFF);
+        i->state = State::kAddrResolved;
+        queue_event(i, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+      }
+    }
+    return ucma_complete(i);
+  });
+}
+
+RDMACM_EXPORT int rdma_resolve_route(struct rdma_cm_id* id, int /*timeout_ms*/) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      if (i->state != State::kAddrResolved) return fail(EINVAL);
+      fill_path(i);
+      i->state = State::kRouteResolved;
+      queue_event(i, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    }
+    return ucma_complete(i);
+  });
+}
+
+RDMACM_EXPORT int rdma_listen(struct rdma_cm_id* id, int /*backlog*/) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (i->state == State::kIdle) {
+      sockaddr_in any{};
+      any.sin_family = AF_INET;
+      if (int rc = bind_locked(i, reinterpret_cast<sockaddr*>(&any)); rc != 0) return fail(rc);
+    }
+    if (i->state != State::kAddrBound) return fail(EINVAL);
+    uint64_t sid = service_id(i->pub.ps, i->port);
+    std::vector<Device*> on = i->dev ? std::vector<Device*>{i->dev} : g().devs;  // wildcard: every device
+    for (Device* d : on) {
+      uint64_t h = 0;
+      int rc = d->ops->listen(d->verbs, sid, &h);
+      if (rc != 0) {
+        for (auto& [d2, h2] : i->listens) {
+          g().listens.erase({d2, h2});
+          d2->ops->unlisten(d2->verbs, h2);
+        }
+        i->listens.clear();
+        return fail(rc);
+      }
+      i->listens.push_back({d, h});
+      g().listens[{d, h}] = i;
+    }
+    i->state = State::kListen;
+    return 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_connect(struct rdma_cm_id* id, struct rdma_conn_param* conn_param) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      int rc = connect_locked(i, conn_param);
+      if (rc != 0) return fail(rc);
+    }
+    return ucma_complete(i);
+  });
+}
+
+RDMACM_EXPORT int rdma_accept(struct rdma_cm_id* id, struct rdma_conn_param* conn_param) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      int rc = accept_locked(i, conn_param);
+      if (rc != 0) {
+        qp_to_err(i);
+        return fail(rc);
+      }
+      if (i->pub.qp_type == IBV_QPT_UD) return 0;
+    }
+    return ucma_complete(i);
+  });
+}
+
+RDMACM_EXPORT int rdma_reject(struct rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    std::lock_guard<std::mutex> lk(g().mu);
+    int rc = reject_locked(to_id(id), private_data, private_data_len, kRejConsumer);
+    return rc ? fail(rc) : 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_reject_ece(struct rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    std::lock_guard<std::mutex> lk(g().mu);
+    int rc = reject_locked(to_id(id), private_data, private_data_len, kRejVendorOption);
+    return rc ? fail(rc) : 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_establish(struct rdma_cm_id* id) {
+  return guard([&] {
+    if (id == nullptr || id->qp != nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (i->state != State::kRepRcvd) return fail(EINVAL);
+    softrnic_cm_msg m{};
+    m.type = SOFTRNIC_CM_RTU;
+    int rc = cm_send(i, m);
+    if (rc != 0) return fail(rc);
+    i->state = State::kEstablished;
+    return 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_notify(struct rdma_cm_id* id, enum ibv_event_type event) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (event != IBV_EVENT_COMM_EST || i->state != State::kRepSent) return 0;
+    softrnic_cm_msg m{};
+    m.type = SOFTRNIC_CM_ESTABLISHED;
+    int rc = cm_send(i, m);
+    if (rc != 0) return fail(rc);
+    i->state = State::kEstablished;
+    queue_event(i, RDMA_CM_EVENT_ESTABLISHED, 0);
+    return 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_disconnect(struct rdma_cm_id* id) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (i->conn == 0) return fail(EINVAL);
+    qp_to_err(i);
+    softrnic_cm_msg m{};
+    if (i->dreq_rcvd) {
+      m.type = SOFTRNIC_CM_DREP;
+      i->dreq_rcvd = false;
+      (void)cm_send(i, m);
+    } else if (i->state == State::kEstablished || i->state == State::kRepSent) {
+      m.type = SOFTRNIC_CM_DREQ;
+      (void)cm_send(i, m);
+      i->state = State::kDisconnect;
+    }
+    return 0;  // as the kernel: 0 once the id has a connection, whatever its state
+  });
+}
+
+RDMACM_EXPORT int rdma_migrate_id(struct rdma_cm_id* id, struct rdma_event_channel* channel) {
+  return guard([&] {
+    if (id == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    if (i->sync && i->pub.event != nullptr) {
+      rdma_ack_cm_event(i->pub.event);
+      i->pub.event = nullptr;
+    }
+    Channel* fresh = nullptr;
+    if (channel == nullptr) {
+      fresh = channel_new();
+      if (fresh == nullptr) return -1;
+    }
+    std::unique_lock<std::mutex> lk(g().mu);
+    Channel* to = channel ? to_channel(channel) : fresh;
+    wait_acked(i, lk);
+    purge_events(i, to);
+    Channel* old_own = i->own_channel;
+    i->pub.channel = &to->pub;
+    i->own_channel = fresh;
+    i->sync = fresh != nullptr;
+    lk.unlock();
+    channel_free(old_own);
+    return 0;
+  });
+}
+
+RDMACM_EXPORT int rdma_set_option(struct rdma_cm_id* id, int level, int optname, void* optval, size_t optlen) {
+  return guard([&] {
+    if (id == nullptr || optval == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (level == RDMA_OPTION_ID) {
+      switch (optname) {
+        case RDMA_OPTION_ID_TOS:
+          if (optlen != sizeof(uint8_t)) return fail(EINVAL);
+          i->tos = *static_cast<uint8_t*>(optval);
+          return 0;
+        case RDMA_OPTION_ID_REUSEADDR:
+          if (optlen != sizeof(int)) return fail(EINVAL);
+          i->reuseaddr = *static_cast<int*>(optval);
+          return 0;
+        case RDMA_OPTION_ID_AFONLY:
+          if (optlen != sizeof(int)) return fail(EINVAL);
+          i->afonly = *static_cast<int*>(optval);
+          return 0;
+        case RDMA_OPTION_ID_ACK_TIMEOUT:
+          if (optlen != sizeof(uint8_t)) return fail(EINVAL);
+          i->ack_timeout = std::min<uint8_t>(31, *static_cast<uint8_t*>(optval));
+          i->ack_timeout_set = true;
+          return 0;
+      }
+      return fail(ENOSYS);
+    }
+    if (level == RDMA_OPTION_IB && optname == RDMA_OPTION_IB_PATH) return fail(EOPNOTSUPP);
+    return fail(ENOSYS);
+  });
+}
+
+RDMACM_EXPORT __be16 rdma_get_src_port(struct rdma_cm_id* id) {
+  return id ? htons(sa_port(&id->route.addr.src_addr)) : 0;
+}
+
+RDMACM_EXPORT __be16 rdma_get_dst_port(struct rdma_cm_id* id) {
+  return id ? htons(sa_port(&id->route.addr.dst_addr)) : 0;
+}
+
+RDMACM_EXPORT int rdma_set_local_ece(struct rdma_cm_id* id, struct ibv_ece* ece) {
+  if (id == nullptr || ece == nullptr || id->qp != nullptr || ece->vendor_id == 0 || ece->comp_mask != 0)
+    return fail(EINVAL);
+  std::lock_guard<std::mutex> lk(g().mu);
+  to_id(id)->local_ece = *ece;
+  return 0;
+}
+
+RDMACM_EXPORT int rdma_get_remote_ece(struct rdma_cm_id* id, struct ibv_ece* ece) {
+  if (id == nullptr || ece == nullptr || id->qp != nullptr) return fail(EINVAL);
+  std::lock_guard<std::mutex> lk(g().mu);
+  *ece = to_id(id)->remote_ece;
+  return 0;
+}
+
+// Multicast needs UD multicast in the device: until then EOPNOTSUPP (README support table).
+RDMACM_EXPORT int rdma_join_multicast(struct rdma_cm_id* id, struct sockaddr* addr, void*) {
+  if (id == nullptr || addr == nullptr) return fail(EINVAL);
+  return fail(EOPNOTSUPP);
+}
+
+RDMACM_EXPORT int rdma_join_multicast_ex(struct rdma_cm_id* id, struct rdma_cm_join_mc_attr_ex* attr, void*) {
+  if (id == nullptr || attr == nullptr) return fail(EINVAL);
+  return fail(EOPNOTSUPP);
+}
+
+RDMACM_EXPORT int rdma_leave_multicast(struct rdma_cm_id* id, struct sockaddr* addr) {
+  if (id == nullptr || addr == nullptr) return fail(EINVAL);
+  return fail(EADDRNOTAVAIL);  // nothing was joined
+}
