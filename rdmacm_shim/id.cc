@@ -212,6 +212,14 @@ int connect_locked(Id* id, const rdma_conn_param* p) {
   }
   if (p != nullptr && p->private_data_len > 0) std::memcpy(m.private_data + off, p->private_data, p->private_data_len);
   m.private_data_len = static_cast<uint32_t>(off + (p ? p->private_data_len : 0));
+  m.path_mtu = id->path.mtu;
+  m.local_ack_timeout = id->ack_timeout;
+  m.traffic_class = id->path.traffic_class;
+  m.hop_limit = id->path.hop_limit;
+  m.sl = id->path.sl;
+  m.flow_label = ntohl(id->path.flow_label);
+  std::memcpy(m.local_gid, id->path.sgid.raw, 16);
+  std::memcpy(m.remote_gid, id->path.dgid.raw, 16);
   if (!ud) {
     uint8_t rr = 0, ini = 0;
     const ibv_device_attr& a = id->dev->attr;
@@ -229,14 +237,6 @@ int connect_locked(Id* id, const rdma_conn_param* p) {
     m.rnr_retry_count = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
     m.flow_control = p ? (p->flow_control ? 1 : 0) : 1;
     m.srq = id->pub.qp ? (id->pub.qp->srq != nullptr) : (p ? p->srq : 0);
-    m.path_mtu = id->path.mtu;
-    m.local_ack_timeout = id->ack_timeout;
-    m.traffic_class = id->path.traffic_class;
-    m.hop_limit = id->path.hop_limit;
-    m.sl = id->path.sl;
-    m.flow_label = ntohl(id->path.flow_label);
-    std::memcpy(m.local_gid, id->path.sgid.raw, 16);
-    std::memcpy(m.remote_gid, id->path.dgid.raw, 16);
     // What the QP gets until the REP says otherwise (the REP swaps them, see cm.cc).
     id->rr = rr;
     id->ini = ini;
