@@ -108,6 +108,7 @@ RDMACM_EXPORT int rdma_create_ep(struct rdma_cm_id** id, struct rdma_addrinfo* r
                       static_cast<ibv_qp_type>(res->ai_qp_type)) != 0)
       return -1;
     Id* i = to_id(cm);
+    if (qp_init_attr != nullptr) qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
     auto undo = [&] {
       int e = errno;
       rdma_destroy_id(cm);
@@ -134,10 +135,7 @@ RDMACM_EXPORT int rdma_create_ep(struct rdma_cm_id** id, struct rdma_addrinfo* r
     }
     if (rdma_resolve_addr(cm, res->ai_src_addr, res->ai_dst_addr, 2000) != 0) return undo();
     if (rdma_resolve_route(cm, 2000) != 0) return undo();
-    if (qp_init_attr != nullptr) {
-      qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
-      if (rdma_create_qp(cm, pd, qp_init_attr) != 0) return undo();
-    }
+    if (qp_init_attr != nullptr && rdma_create_qp(cm, pd, qp_init_attr) != 0) return undo();
     *id = cm;
     return 0;
   });

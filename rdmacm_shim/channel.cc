@@ -52,8 +52,8 @@ void queue_push(Channel* ch, Event* ev) {
   (void)w;
 }
 
-void purge_events(Id* id, Channel* to) {
-  Channel* ch = to_channel(id->pub.channel);
+namespace {
+void purge_from(Channel* ch, Id* id, Channel* to) {
   auto& q = ch->q;
   for (auto it = q.begin(); it != q.end();) {
     if ((*it)->owner == id) {
@@ -70,6 +70,14 @@ void purge_events(Id* id, Channel* to) {
       ++it;
     }
   }
+}
+}  // namespace
+
+void purge_events(Id* id, Channel* to) {
+  purge_from(to_channel(id->pub.channel), id, to);
+  // A CONNECT_REQUEST of a sync listener waits on the listener's channel.
+  if (id->listen_parent != nullptr && id->listen_parent->pub.channel != id->pub.channel)
+    purge_from(to_channel(id->listen_parent->pub.channel), id, to);
 }
 
 namespace {

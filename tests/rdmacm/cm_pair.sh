@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# rdma_cm conformance pair: an unmodified rdma_cm program as server and client, two
+# processes each with its own softrnic device (SOFTRNIC_IP = distinct loopback addresses),
+# both through scripts/softrnic run (tests/shim/launch.sh), with timeouts.
+#   cm_pair.sh [--preload] [--expect RE] [--server-expect RE] [--count RE N] [--timeout S]
+#              SERVER_IP CLIENT_IP -- SERVER_CMD... --client-- CLIENT_CMD...
+# @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
+# match (--count RE N: the client's output has at least N lines matching RE, and so does the
+# server's with --server-count). rdma_cm uses no TCP port: the client starts once the
+# server's device has bound SERVER_IP:4791 (its UDP socket) and a second has passed.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+launch="$here/../shim/launch.sh"
+mode=()
+expect='.'
+sexpect='.'
+count_re=''
+count_n=0
+scount_re=''
+scount_n=0
+tmo=60
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --preload) mode=(--preload); shift ;;
+    --expect) expect="$2"; shift 2 ;;
+    --server-expect) sexpect="$2"; shift 2 ;;
+    --count) count_re="$2"; count_n="$3"; shift 3 ;;
+    --server-count) scount_re="$2"; scount_n="$3"; shift 3 ;;
+    --timeout) tmo="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
+sip="$1"; cip="$2"; shift 2
+[ "${1:-}" = "--" ] && shift
+server=(); client=()
+while [ $# -gt 0 ] && [ "$1" != "--client--" ]; do server+=("${1//@SIP@/$sip}"); shift; done
+[ "${1:-}" = "--client--" ] && shift
+while [ $# -gt 0 ]; do client+=("${1//@SIP@/$sip}"); shift; done
+[ ${#server[@]} -gt 0 ] && [ ${#client[@]} -gt 0 ] || { echo "usage: see the header of $0" >&2; exit 2; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export SOFTRNIC_RUNTIME_DIR="$work/rt"
+
+SOFTRNIC_IP="$sip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${server[@]}" >"$work/server.out" 2>&1 &
+spid=$!
+up=0
+for _ in $(seq 1 200); do
+  if ss -Hlun "src $sip:4791" 2>/dev/null | grep -q .; then up=1; break; fi
+  kill -0 "$spid" 2>/dev/null || break
+  sleep 0.1
+done
+[ "$up" = 1 ] || echo "FAIL: the server's device never bound $sip:4791 (20 s)"
+sleep 1  # from the device's bind to rdma_listen: the program's own setup
+SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
+crc=$?
+wait "$spid"
+src=$?
+
+echo "== server ($sip): ${server[*]} (exit $src)"
+cat "$work/server.out"
+echo "== client ($cip): ${client[*]} (exit $crc)"
+cat "$work/client.out"
+
+fail=0
+[ "$up" = 1 ] || fail=1
+[ "$src" -eq 0 ] || { echo "FAIL: server exited $src"; fail=1; }
+[ "$crc" -eq 0 ] || { echo "FAIL: client exited $crc"; fail=1; }
+grep -Eq -- "$sexpect" "$work/server.out" || { echo "FAIL: server output lacks /$sexpect/"; fail=1; }
+grep -Eq -- "$expect" "$work/client.out" || { echo "FAIL: client output lacks /$expect/"; fail=1; }
+if [ -n "$count_re" ]; then
+  n=$(grep -Ec -- "$count_re" "$work/client.out")
+  [ "$n" -ge "$count_n" ] || { echo "FAIL: client has $n lines /$count_re/, want >= $count_n"; fail=1; }
+fi
+if [ -n "$scount_re" ]; then
+  n=$(grep -Ec -- "$scount_re" "$work/server.out")
+  [ "$n" -ge "$scount_n" ] || { echo "FAIL: server has $n lines /$scount_re/, want >= $scount_n"; fail=1; }
+fi
+if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/server.out" "$work/client.out"; then
+  echo "FAIL: loader error"; fail=1
+fi
+if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$work/server.out" "$work/client.out"; then
+  echo "FAIL: sanitizer report"; fail=1
+fi
+exit "$fail"

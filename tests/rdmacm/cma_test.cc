@@ -1,0 +1,425 @@
+// librdmacm.so.1 over softrnic, in one process (its own device on SOFTRNIC_IP): event
+// channel fd semantics, bind / resolve_addr / resolve_route, rdma_getaddrinfo,
+// rdma_create_qp + rdma_init_qp_attr, private-data limits, destroy waiting for acks,
+// migrate, the unsupported calls' errnos — and, through the device's CM agent, a connect to
+// a port nobody listens on (REJECTED, reason 8).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <netdb.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <rdma/rsocket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+std::string my_ip() {
+  const char* ip = std::getenv("SOFTRNIC_IP");
+  return ip ? ip : "";
+}
+
+sockaddr_in addr4(const std::string& ip, uint16_t port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
+  return sa;
+}
+
+sockaddr* sa(sockaddr_in& s) { return reinterpret_cast<sockaddr*>(&s); }
+
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+// Waits (bounded: 10 s) for the next event on `ch`.
+rdma_cm_event* next_event(rdma_event_channel* ch) {
+  if (!readable(ch->fd, 10000)) return nullptr;
+  rdma_cm_event* ev = nullptr;
+  return rdma_get_cm_event(ch, &ev) == 0 ? ev : nullptr;
+}
+
+class Cma : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(my_ip().empty()) << "the test needs SOFTRNIC_IP";
+    ch_ = rdma_create_event_channel();
+    ASSERT_NE(ch_, nullptr) << strerror(errno);
+  }
+  void TearDown() override {
+    if (ch_) rdma_destroy_event_channel(ch_);
+  }
+  // An id with its address and route resolved towards `dst` (default: ourselves).
+  rdma_cm_id* resolved(rdma_port_space ps, const std::string& dst, uint16_t port) {
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(ch_, &id, this, ps) != 0) return nullptr;
+    sockaddr_in d = addr4(dst, port);
+    if (rdma_resolve_addr(id, nullptr, sa(d), 2000) != 0) return nullptr;
+    rdma_cm_event* ev = next_event(ch_);
+    if (ev == nullptr || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) return nullptr;
+    rdma_ack_cm_event(ev);
+    if (rdma_resolve_route(id, 2000) != 0) return nullptr;
+    ev = next_event(ch_);
+    if (ev == nullptr || ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) return nullptr;
+    rdma_ack_cm_event(ev);
+    return id;
+  }
+  rdma_event_channel* ch_ = nullptr;
+};
+
+TEST_F(Cma, ChannelFdIsPollableAndHonoursNonBlocking) {
+  EXPECT_FALSE(readable(ch_->fd, 0)) << "a fresh channel has no event";
+  int fl = fcntl(ch_->fd, F_GETFL);
+  ASSERT_EQ(fcntl(ch_->fd, F_SETFL, fl | O_NONBLOCK), 0);
+  rdma_cm_event* ev = nullptr;
+  errno = 0;
+  EXPECT_EQ(rdma_get_cm_event(ch_, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in d = addr4(my_ip(), 7471);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(d), 2000), 0);
+  // Level-triggered: readable until the event is taken, and stays so across polls.
+  EXPECT_TRUE(readable(ch_->fd, 1000));
+  EXPECT_TRUE(readable(ch_->fd, 0));
+  ASSERT_EQ(rdma_get_cm_event(ch_, &ev), 0);
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_EQ(ev->id, id);
+  EXPECT_EQ(ev->status, 0);
+  EXPECT_FALSE(readable(ch_->fd, 0));
+  EXPECT_EQ(rdma_get_cm_event(ch_, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, ResolveAddrAndRouteFillTheIdAsTheKernel) {
+  rdma_cm_id* id = resolved(RDMA_PS_TCP, my_ip(), 7471);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  // Bound to our device: verbs is one of rdma_get_devices' contexts, pd and port set.
+  int n = 0;
+  ibv_context** devs = rdma_get_devices(&n);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(id->verbs, devs[0]);
+  rdma_free_devices(devs);
+  EXPECT_NE(id->pd, nullptr);
+  EXPECT_EQ(id->port_num, 1);
+  auto* src = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
+  char b[INET_ADDRSTRLEN];
+  EXPECT_EQ(std::string(inet_ntop(AF_INET, &src->sin_addr, b, sizeof b)), my_ip());
+  EXPECT_NE(rdma_get_src_port(id), 0) << "an ephemeral port";
+  EXPECT_EQ(ntohs(rdma_get_dst_port(id)), 7471);
+  // The GIDs are ::ffff:ip and the one path the route synthesizes uses them.
+  ibv_gid gid0;
+  ASSERT_EQ(ibv_query_gid(id->verbs, 1, 0, &gid0), 0);
+  EXPECT_EQ(std::memcmp(id->route.addr.addr.ibaddr.sgid.raw, gid0.raw, 16), 0);
+  ASSERT_EQ(id->route.num_paths, 1);
+  EXPECT_EQ(std::memcmp(id->route.path_rec->sgid.raw, gid0.raw, 16), 0);
+  EXPECT_EQ(std::memcmp(id->route.path_rec->dgid.raw, gid0.raw, 16), 0) << "routed to ourselves";
+  EXPECT_EQ(id->route.path_rec->hop_limit, 64);
+  EXPECT_EQ(ntohs(id->route.path_rec->pkey), 0xFFFF);
+  ibv_port_attr pa;
+  ASSERT_EQ(ibv_query_port(id->verbs, 1, &pa), 0);
+  EXPECT_EQ(id->route.path_rec->mtu, pa.active_mtu);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, BindErrorsAsTheRealLibrary) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in off_host = addr4("192.0.2.1", 7471);  // TEST-NET-1: no host has it
+  EXPECT_EQ(rdma_bind_addr(id, sa(off_host)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  // A local address without a softrnic device on it.
+  sockaddr_in lo = addr4(my_ip() == "127.0.0.1" ? "127.0.0.254" : "127.0.0.1", 7471);
+  EXPECT_EQ(rdma_bind_addr(id, sa(lo)), -1);
+  EXPECT_EQ(errno, ENODEV);
+  // The wildcard binds without a device; our IP binds to the device.
+  sockaddr_in any = addr4("0.0.0.0", 0);
+  EXPECT_EQ(rdma_bind_addr(id, sa(any)), 0);
+  EXPECT_EQ(id->verbs, nullptr);
+  EXPECT_NE(rdma_get_src_port(id), 0);
+  rdma_cm_id* id2 = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id2, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in mine = addr4(my_ip(), ntohs(rdma_get_src_port(id)));
+  EXPECT_EQ(rdma_bind_addr(id2, sa(mine)), -1) << "same port space and port";
+  EXPECT_EQ(errno, EADDRINUSE);
+  sockaddr_in mine2 = addr4(my_ip(), 0);
+  EXPECT_EQ(rdma_bind_addr(id2, sa(mine2)), 0);
+  EXPECT_NE(id2->verbs, nullptr);
+  EXPECT_EQ(rdma_bind_addr(id2, sa(mine2)), -1) << "bound twice";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id2), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  // Route before address; unknown port space.
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(rdma_resolve_route(id, 100), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_connect(id, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  EXPECT_EQ(rdma_create_id(ch_, &id, nullptr, static_cast<rdma_port_space>(0x0999)), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST_F(Cma, GetaddrinfoPassiveActiveAndUdp) {
+  rdma_addrinfo hints{}, *res = nullptr;
+  hints.ai_flags = RAI_PASSIVE;
+  ASSERT_EQ(rdma_getaddrinfo(my_ip().c_str(), "7471", &hints, &res), 0);
+  ASSERT_NE(res->ai_src_addr, nullptr);
+  EXPECT_EQ(res->ai_dst_addr, nullptr);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_TCP);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_RC);
+  EXPECT_EQ(res->ai_family, AF_INET);
+  EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in*>(res->ai_src_addr)->sin_port), 7471);
+  rdma_freeaddrinfo(res);
+  res = nullptr;
+  hints = {};
+  hints.ai_port_space = RDMA_PS_UDP;
+  ASSERT_EQ(rdma_getaddrinfo(my_ip().c_str(), "7174", &hints, &res), 0);
+  EXPECT_EQ(res->ai_src_addr, nullptr);
+  ASSERT_NE(res->ai_dst_addr, nullptr);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_UD);
+  rdma_freeaddrinfo(res);
+  res = nullptr;
+  hints = {};
+  hints.ai_flags = RAI_NUMERICHOST;
+  EXPECT_NE(rdma_getaddrinfo("no-such-host.invalid", "1", &hints, &res), 0);
+  EXPECT_EQ(rdma_getaddrinfo(nullptr, nullptr, nullptr, &res), EAI_NONAME);
+}
+
+TEST_F(Cma, CreateQpInitAndQpAttrBeforeAndAfterTheRoute) {
+  rdma_cm_id* id = resolved(RDMA_PS_TCP, my_ip(), 7471);
+  ASSERT_NE(id, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0) << strerror(errno);
+  ASSERT_NE(id->qp, nullptr);
+  EXPECT_EQ(id->qp->pd, id->pd) << "NULL pd means the id's default PD";
+  EXPECT_NE(id->send_cq, nullptr);
+  EXPECT_NE(id->recv_cq_channel, nullptr);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_INIT);
+  // INIT -> INIT (what librdmacm re-applies before RTR) is accepted by our verbs.
+  attr = {};
+  attr.qp_state = IBV_QPS_INIT;
+  int mask = 0;
+  ASSERT_EQ(rdma_init_qp_attr(id, &attr, &mask), 0);
+  EXPECT_EQ(mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  EXPECT_EQ(ibv_modify_qp(id->qp, &attr, mask), 0);
+  // No peer yet: RTR and RTS cannot be computed.
+  attr = {};
+  attr.qp_state = IBV_QPS_RTR;
+  EXPECT_EQ(rdma_init_qp_attr(id, &attr, &mask), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_create_qp(id, nullptr, &qa), -1) << "one QP per id";
+  EXPECT_EQ(errno, EINVAL);
+  // The rdma_verbs.h helpers work on the id's PD and CQs.
+  char buf[64];
+  ibv_mr* mr = rdma_reg_msgs(id, buf, sizeof buf);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(rdma_post_recv(id, nullptr, buf, sizeof buf, mr), 0);
+  EXPECT_EQ(rdma_dereg_mr(mr), 0);
+  rdma_destroy_qp(id);
+  EXPECT_EQ(id->qp, nullptr);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, UdQpIsReadyAtCreate) {
+  rdma_cm_id* id = resolved(RDMA_PS_UDP, my_ip(), 7174);
+  ASSERT_NE(id, nullptr);
+  EXPECT_EQ(id->qp_type, IBV_QPT_UD);
+  ibv_qp_init_attr qa{};
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.qp_type = IBV_QPT_UD;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0) << strerror(errno);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &attr, IBV_QP_STATE | IBV_QP_QKEY, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(attr.qkey, static_cast<uint32_t>(RDMA_UDP_QKEY));
+  rdma_destroy_qp(id);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, OversizedPrivateDataIsEinval) {
+  uint8_t big[256] = {};
+  rdma_cm_id* id = resolved(RDMA_PS_TCP, my_ip(), 7471);
+  ASSERT_NE(id, nullptr);
+  rdma_conn_param p{};
+  p.private_data = big;
+  p.private_data_len = 57;  // 92 - the 36-byte CMA header = 56
+  EXPECT_EQ(rdma_connect(id, &p), -1);
+  EXPECT_EQ(errno, EINVAL);
+  p.responder_resources = 200;  // above the device's max_qp_rd_atom
+  p.private_data_len = 0;
+  EXPECT_EQ(rdma_connect(id, &p), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  id = resolved(RDMA_PS_UDP, my_ip(), 7174);
+  ASSERT_NE(id, nullptr);
+  p = {};
+  p.private_data = big;
+  p.private_data_len = 181;  // 216 - 36 = 180
+  EXPECT_EQ(rdma_connect(id, &p), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, DestroyIdWaitsForItsEventsToBeAcked) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in d = addr4(my_ip(), 7471);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(d), 2000), 0);
+  rdma_cm_event* ev = next_event(ch_);
+  ASSERT_NE(ev, nullptr);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    rdma_destroy_id(id);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(done.load()) << "rdma_destroy_id returned with an unacked event";
+  rdma_ack_cm_event(ev);
+  t.join();
+  EXPECT_TRUE(done.load());
+}
+
+TEST_F(Cma, DestroyDropsUnreportedEventsAndMigrateMovesThem) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in d = addr4(my_ip(), 7471);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(d), 2000), 0);
+  rdma_event_channel* ch2 = rdma_create_event_channel();
+  ASSERT_NE(ch2, nullptr);
+  ASSERT_EQ(rdma_migrate_id(id, ch2), 0);
+  EXPECT_EQ(id->channel, ch2);
+  rdma_cm_event* ev = next_event(ch2);
+  ASSERT_NE(ev, nullptr) << "the queued ADDR_RESOLVED moved with the id";
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_resolve_route(id, 2000), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0) << "an unreported event does not hold destroy";
+  int fl = fcntl(ch2->fd, F_GETFL);
+  fcntl(ch2->fd, F_SETFL, fl | O_NONBLOCK);
+  EXPECT_EQ(rdma_get_cm_event(ch2, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_destroy_event_channel(ch2);
+}
+
+TEST_F(Cma, SyncEndpointResolvesInline) {
+  rdma_addrinfo hints{}, *res = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo(my_ip().c_str(), "7471", &hints, &res), 0);
+  rdma_cm_id* id = nullptr;
+  ibv_qp_init_attr qa{};
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.sq_sig_all = 1;
+  ASSERT_EQ(rdma_create_ep(&id, res, nullptr, &qa), 0) << strerror(errno);
+  rdma_freeaddrinfo(res);
+  EXPECT_NE(id->qp, nullptr);
+  EXPECT_NE(id->channel, nullptr);
+  ASSERT_NE(id->event, nullptr) << "sync mode keeps the last event in id->event";
+  EXPECT_EQ(id->event->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  rdma_destroy_ep(id);
+}
+
+TEST_F(Cma, ConnectToAPortWithoutListenerIsRejected) {
+  rdma_cm_id* id = resolved(RDMA_PS_TCP, my_ip(), 7999);
+  ASSERT_NE(id, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0);
+  rdma_conn_param p{};
+  p.retry_count = 7;
+  p.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(id, &p), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(ch_);
+  ASSERT_NE(ev, nullptr) << "no event within 10 s";
+  EXPECT_STREQ(rdma_event_str(ev->event), "RDMA_CM_EVENT_REJECTED");
+  EXPECT_EQ(ev->status, 8) << "REJ reason 8: invalid service ID";
+  EXPECT_EQ(ev->param.conn.private_data_len, 148);
+  rdma_ack_cm_event(ev);
+  rdma_destroy_qp(id);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+TEST_F(Cma, ListenTwiceOnOnePortIsInUse) {
+  rdma_cm_id *a = nullptr, *b = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &a, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_create_id(ch_, &b, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in s = addr4(my_ip(), 7490);
+  ASSERT_EQ(rdma_bind_addr(a, sa(s)), 0);
+  EXPECT_EQ(rdma_listen(a, 8), 0) << strerror(errno);
+  EXPECT_EQ(rdma_bind_addr(b, sa(s)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  EXPECT_EQ(rdma_destroy_id(a), 0);
+  EXPECT_EQ(rdma_bind_addr(b, sa(s)), 0) << "the port is free again";
+  EXPECT_EQ(rdma_destroy_id(b), 0);
+}
+
+TEST(CmaPlain, EventStrAndUnsupported) {
+  EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED");
+  EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
+  EXPECT_STREQ(rdma_event_str(static_cast<rdma_cm_event_type>(99)), "UNKNOWN EVENT");
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_UDP), 0);
+  sockaddr_in mc = addr4("239.1.1.1", 0);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(id, sa(mc), nullptr), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  errno = 0;
+  EXPECT_EQ(rsocket(AF_INET, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  // rpoll passes plain descriptors through to poll.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  ASSERT_EQ(write(fds[1], "x", 1), 1);
+  pollfd p{fds[0], POLLIN, 0};
+  EXPECT_EQ(rpoll(&p, 1, 1000), 1);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+}  // namespace
+
+namespace {
+// Run by the rdmacm_no_device test (SOFTRNIC_NAME invalid: the shim lists no device).
+TEST(CmaNoDevice, EverythingFailsWithEnodev) {
+  if (std::getenv("RDMACM_TEST_NO_DEVICE") == nullptr) GTEST_SKIP() << "run by rdmacm_no_device";
+  errno = 0;
+  EXPECT_EQ(rdma_create_event_channel(), nullptr);
+  EXPECT_EQ(errno, ENODEV);
+  rdma_cm_id* id = nullptr;
+  EXPECT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), -1);
+  EXPECT_EQ(errno, ENODEV);
+  rdma_addrinfo* res = nullptr;
+  EXPECT_EQ(rdma_getaddrinfo("127.0.0.1", "7471", nullptr, &res), -1);
+  EXPECT_EQ(errno, ENODEV);
+  int n = -1;
+  ibv_context** l = rdma_get_devices(&n);
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(n, 0);
+  EXPECT_EQ(l[0], nullptr);
+  rdma_free_devices(l);
+}
+}  // namespace
