@@ -39,10 +39,18 @@ struct Item {
   softrnic_cm_msg msg;
 };
 
-std::mutex q_mu;
-std::condition_variable q_cv;
-std::deque<Item>* q = nullptr;  // leaked on purpose (the worker outlives exit)
-bool worker_started = false;
+// The worker's queue. Leaked on purpose: the worker waits on it until the process ends, and
+// destroying a condition variable someone waits on blocks exit().
+struct Queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Item> items;
+  bool worker_started = false;
+};
+Queue& queue() {
+  static Queue* q = new Queue();
+  return *q;
+}
 
 void set_conn_param(Event* ev, const softrnic_cm_msg& m, int pdata_max, int skip) {
   rdma_conn_param& c = ev->pub.param.conn;
@@ -289,10 +297,11 @@ void worker_main() {
   for (;;) {
     Item it;
     {
-      std::unique_lock<std::mutex> lk(q_mu);
-      q_cv.wait(lk, [] { return !q->empty(); });
-      it = q->front();
-      q->pop_front();
+      Queue& q = queue();
+      std::unique_lock<std::mutex> lk(q.mu);
+      q.cv.wait(lk, [&] { return !q.items.empty(); });
+      it = q.items.front();
+      q.items.pop_front();
     }
     try {
       std::lock_guard<std::mutex> lk(g().mu);
@@ -307,18 +316,18 @@ void worker_main() {
 
 void cm_handler(void* user, uint64_t conn, uint64_t listen, const softrnic_cm_msg* m) {
   if (m == nullptr) return;
+  Queue& q = queue();
   try {
-    std::lock_guard<std::mutex> lk(q_mu);
-    if (q == nullptr) q = new std::deque<Item>();
-    if (!worker_started) {
+    std::lock_guard<std::mutex> lk(q.mu);
+    if (!q.worker_started) {
       std::thread(worker_main).detach();
-      worker_started = true;
+      q.worker_started = true;
     }
-    q->push_back(Item{static_cast<Device*>(user), conn, listen, *m});
+    q.items.push_back(Item{static_cast<Device*>(user), conn, listen, *m});
   } catch (...) {
     return;
   }
-  q_cv.notify_one();
+  q.cv.notify_one();
 }
 
 }  // namespace rnic::rdmacm
