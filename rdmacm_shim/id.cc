@@ -281,7 +281,10 @@ int accept_locked(Id* id, const rdma_conn_param* p) {
   id->rnr = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
   id->my_psn = random24();
   if (id->pub.qp != nullptr) {
-    if (int rc = qp_connect(id); rc != 0) return rc;
+    if (int rc = qp_connect(id); rc != 0) {
+      qp_to_err(id);
+      return rc;
+    }
   }
   m.type = SOFTRNIC_CM_REP;
   m.qpn = id->pub.qp ? id->pub.qp->qp_num : (p ? p->qp_num & 0xFFFFFF : 0);
@@ -293,7 +296,10 @@ int accept_locked(Id* id, const rdma_conn_param* p) {
   m.rnr_retry_count = id->rnr;
   m.srq = id->pub.qp ? (id->pub.qp->srq != nullptr) : (p ? p->srq : 0);
   int rc = cm_send(id, m);
-  if (rc != 0) return rc;
+  if (rc != 0) {
+    qp_to_err(id);
+    return rc;
+  }
   id->state = State::kRepSent;
   return 0;
 }
@@ -524,10 +530,7 @@ RDMACM_EXPORT int rdma_accept(struct rdma_cm_id* id, struct rdma_conn_param* con
     {
       std::lock_guard<std::mutex> lk(g().mu);
       int rc = accept_locked(i, conn_param);
-      if (rc != 0) {
-        qp_to_err(i);
-        return fail(rc);
-      }
+      if (rc != 0) return fail(rc);
       if (i->pub.qp_type == IBV_QPT_UD) return 0;
     }
     return ucma_complete(i);

@@ -423,3 +423,254 @@ TEST(CmaNoDevice, EverythingFailsWithEnodev) {
   rdma_free_devices(l);
 }
 }  // namespace
+
+namespace {
+
+// Both ends in this process on its one device (the REQ goes out on UDP to our own address
+// and comes back to our own agent): the event sequences of cm-notes §2.2.
+class CmaLoop : public Cma {
+ protected:
+  // A listener on our address and port `port`, on the fixture's channel.
+  rdma_cm_id* listener(rdma_port_space ps, uint16_t port) {
+    rdma_cm_id* l = nullptr;
+    if (rdma_create_id(ch_, &l, nullptr, ps) != 0) return nullptr;
+    sockaddr_in s = addr4(my_ip(), port);
+    if (rdma_bind_addr(l, sa(s)) != 0 || rdma_listen(l, 4) != 0) return nullptr;
+    return l;
+  }
+  static ibv_qp_init_attr qp_attr(ibv_qp_type t) {
+    ibv_qp_init_attr qa{};
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    qa.qp_type = t;
+    return qa;
+  }
+  // Next event, which must be of type `want` (else nullptr, and the test fails).
+  rdma_cm_event* expect_event(rdma_cm_event_type want) {
+    rdma_cm_event* ev = next_event(ch_);
+    EXPECT_NE(ev, nullptr) << "no event, wanted " << rdma_event_str(want);
+    if (ev == nullptr) return nullptr;
+    EXPECT_STREQ(rdma_event_str(ev->event), rdma_event_str(want));
+    return ev->event == want ? ev : nullptr;
+  }
+};
+
+TEST_F(CmaLoop, RcConnectAcceptDisconnectSequence) {
+  rdma_cm_id* l = listener(RDMA_PS_TCP, 7601);
+  ASSERT_NE(l, nullptr) << strerror(errno);
+  rdma_cm_id* c = resolved(RDMA_PS_TCP, my_ip(), 7601);
+  ASSERT_NE(c, nullptr);
+  ibv_qp_init_attr qa = qp_attr(IBV_QPT_RC);
+  ASSERT_EQ(rdma_create_qp(c, nullptr, &qa), 0);
+  const char hello[] = "hello from the active side";
+  rdma_conn_param p{};
+  p.private_data = hello;
+  p.private_data_len = sizeof hello;
+  p.responder_resources = 1;
+  p.initiator_depth = 1;
+  p.retry_count = 15;  // clamped to 7
+  p.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(c, &p), 0) << strerror(errno);
+  rdma_cm_event* ev = expect_event(RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->listen_id, l);
+  rdma_cm_id* s = ev->id;
+  EXPECT_NE(s, l) << "a new id";
+  EXPECT_EQ(s->verbs, l->verbs == nullptr ? c->verbs : l->verbs);
+  EXPECT_EQ(s->context, l->context);
+  EXPECT_EQ(s->ps, RDMA_PS_TCP);
+  EXPECT_EQ(ev->param.conn.private_data_len, 56) << "REQ: 92 - 36";
+  EXPECT_EQ(std::memcmp(ev->param.conn.private_data, hello, sizeof hello), 0);
+  EXPECT_EQ(static_cast<const uint8_t*>(ev->param.conn.private_data)[55], 0) << "zero-padded";
+  EXPECT_EQ(ev->param.conn.retry_count, 7);
+  EXPECT_EQ(ev->param.conn.qp_num, c->qp->qp_num);
+  EXPECT_EQ(rdma_get_dst_port(s), rdma_get_src_port(c)) << "addresses from the CMA header";
+  EXPECT_EQ(ntohs(rdma_get_src_port(s)), 7601);
+  ibv_qp_init_attr sqa = qp_attr(IBV_QPT_RC);
+  ASSERT_EQ(rdma_create_qp(s, nullptr, &sqa), 0);
+  uint8_t big[200] = {};
+  rdma_conn_param ap{};
+  ap.private_data = big;
+  ap.private_data_len = 197;  // REP carries 196
+  EXPECT_EQ(rdma_accept(s, &ap), -1);
+  EXPECT_EQ(errno, EINVAL);
+  const char welcome[] = "welcome";
+  ap.private_data = welcome;
+  ap.private_data_len = sizeof welcome;
+  ap.responder_resources = 1;
+  ap.initiator_depth = 1;
+  ASSERT_EQ(rdma_accept(s, &ap), 0) << strerror(errno);
+  rdma_ack_cm_event(ev);
+  // Both sides ESTABLISHED (the active one on the REP, the passive one on the RTU).
+  int est = 0;
+  for (int i = 0; i < 2; ++i) {
+    ev = expect_event(RDMA_CM_EVENT_ESTABLISHED);
+    ASSERT_NE(ev, nullptr);
+    if (ev->id == c) {
+      EXPECT_EQ(ev->param.conn.private_data_len, 196);
+      EXPECT_STREQ(static_cast<const char*>(ev->param.conn.private_data), welcome);
+      EXPECT_EQ(ev->param.conn.qp_num, s->qp->qp_num);
+    }
+    est |= ev->id == c ? 1 : ev->id == s ? 2 : 0;
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(est, 3);
+  // The QPs are in RTS, pointed at each other, PSNs crossed.
+  ibv_qp_attr ca{}, sa2{};
+  ibv_qp_init_attr ia{};
+  ASSERT_EQ(ibv_query_qp(c->qp, &ca, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN |
+                                         IBV_QP_TIMEOUT | IBV_QP_ACCESS_FLAGS, &ia), 0);
+  ASSERT_EQ(ibv_query_qp(s->qp, &sa2, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN, &ia), 0);
+  EXPECT_EQ(ca.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(sa2.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(ca.dest_qp_num, s->qp->qp_num);
+  EXPECT_EQ(sa2.dest_qp_num, c->qp->qp_num);
+  EXPECT_EQ(ca.sq_psn, sa2.rq_psn);
+  EXPECT_EQ(sa2.sq_psn, ca.rq_psn);
+  EXPECT_EQ(ca.timeout, 19);
+  EXPECT_TRUE(ca.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) << "INIT->INIT re-applied the access";
+  EXPECT_TRUE(ca.qp_access_flags & IBV_ACCESS_REMOTE_READ);
+  // Disconnect from the active side: DISCONNECTED on both, then TIMEWAIT_EXIT (ids alive).
+  ASSERT_EQ(rdma_disconnect(c), 0);
+  ev = expect_event(RDMA_CM_EVENT_DISCONNECTED);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->id, s) << "the peer hears the DREQ first";
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_disconnect(s), 0) << "answers with the DREP";
+  int seen_disc = 0, seen_tw = 0;
+  for (int i = 0; i < 3; ++i) {
+    ev = next_event(ch_);
+    ASSERT_NE(ev, nullptr) << "wanted DISCONNECTED(c) and TIMEWAIT_EXIT(c, s)";
+    if (ev->event == RDMA_CM_EVENT_DISCONNECTED) seen_disc += ev->id == c;
+    if (ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT) seen_tw++;
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(seen_disc, 1);
+  EXPECT_EQ(seen_tw, 2);
+  rdma_destroy_qp(s);
+  rdma_destroy_qp(c);
+  EXPECT_EQ(rdma_destroy_id(s), 0);
+  EXPECT_EQ(rdma_destroy_id(c), 0);
+  EXPECT_EQ(rdma_destroy_id(l), 0);
+}
+
+TEST_F(CmaLoop, RejectCarriesReasonAndPrivateData) {
+  rdma_cm_id* l = listener(RDMA_PS_TCP, 7602);
+  ASSERT_NE(l, nullptr);
+  rdma_cm_id* c = resolved(RDMA_PS_TCP, my_ip(), 7602);
+  ASSERT_NE(c, nullptr);
+  ibv_qp_init_attr qa = qp_attr(IBV_QPT_RC);
+  ASSERT_EQ(rdma_create_qp(c, nullptr, &qa), 0);
+  ASSERT_EQ(rdma_connect(c, nullptr), 0);
+  rdma_cm_event* ev = expect_event(RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(ev, nullptr);
+  rdma_cm_id* s = ev->id;
+  uint8_t big[150] = {};
+  EXPECT_EQ(rdma_reject(s, big, 149), -1) << "REJ carries 148";
+  EXPECT_EQ(errno, EINVAL);
+  const char why[] = "connection rejected";
+  ASSERT_EQ(rdma_reject(s, why, sizeof why), 0);
+  rdma_ack_cm_event(ev);
+  ev = expect_event(RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->id, c);
+  EXPECT_EQ(ev->status, 28) << "consumer defined";
+  EXPECT_EQ(ev->param.conn.private_data_len, 148);
+  EXPECT_STREQ(static_cast<const char*>(ev->param.conn.private_data), why);
+  rdma_ack_cm_event(ev);
+  rdma_destroy_qp(c);
+  EXPECT_EQ(rdma_destroy_id(s), 0);
+  EXPECT_EQ(rdma_destroy_id(c), 0);
+  EXPECT_EQ(rdma_destroy_id(l), 0);
+}
+
+TEST_F(CmaLoop, NoQpOnTheIdGivesConnectResponseThenEstablish) {
+  rdma_cm_id* l = listener(RDMA_PS_TCP, 7603);
+  ASSERT_NE(l, nullptr);
+  rdma_cm_id* c = resolved(RDMA_PS_TCP, my_ip(), 7603);
+  ASSERT_NE(c, nullptr);
+  rdma_conn_param p{};
+  p.qp_num = 0x123456;  // a QP the application drives itself
+  p.responder_resources = p.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(c, &p), 0);
+  rdma_cm_event* ev = expect_event(RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(ev, nullptr);
+  rdma_cm_id* s = ev->id;
+  EXPECT_EQ(ev->param.conn.qp_num, 0x123456u);
+  rdma_conn_param ap{};
+  ap.qp_num = 0x654321;
+  ASSERT_EQ(rdma_accept(s, &ap), 0);
+  rdma_ack_cm_event(ev);
+  ev = expect_event(RDMA_CM_EVENT_CONNECT_RESPONSE);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->id, c);
+  EXPECT_EQ(ev->param.conn.qp_num, 0x654321u);
+  rdma_ack_cm_event(ev);
+  // What the application's QP gets: RTR towards the peer's QPN over a global route.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  int mask = 0;
+  ASSERT_EQ(rdma_init_qp_attr(c, &a, &mask), 0);
+  EXPECT_EQ(a.dest_qp_num, 0x654321u);
+  EXPECT_EQ(a.ah_attr.is_global, 1);
+  EXPECT_TRUE(mask & IBV_QP_AV);
+  ASSERT_EQ(rdma_establish(c), 0);
+  ev = expect_event(RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->id, s) << "only the passive side gets ESTABLISHED (on the RTU)";
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(c), 0);
+  EXPECT_EQ(rdma_destroy_id(s), 0);
+  EXPECT_EQ(rdma_destroy_id(l), 0);
+}
+
+TEST_F(CmaLoop, UdSidrResolvesTheServiceQp) {
+  rdma_cm_id* l = listener(RDMA_PS_UDP, 7604);
+  ASSERT_NE(l, nullptr);
+  rdma_cm_id* c = resolved(RDMA_PS_UDP, my_ip(), 7604);
+  ASSERT_NE(c, nullptr);
+  ibv_qp_init_attr qa = qp_attr(IBV_QPT_UD);
+  ASSERT_EQ(rdma_create_qp(c, nullptr, &qa), 0);
+  const char hi[] = "udp hello";
+  rdma_conn_param p{};
+  p.private_data = hi;
+  p.private_data_len = sizeof hi;
+  ASSERT_EQ(rdma_connect(c, &p), 0);
+  rdma_cm_event* ev = expect_event(RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(ev, nullptr);
+  rdma_cm_id* s = ev->id;
+  EXPECT_EQ(ev->param.ud.private_data_len, 180) << "SIDR_REQ: 216 - 36";
+  EXPECT_STREQ(static_cast<const char*>(ev->param.ud.private_data), hi);
+  ibv_qp_init_attr sqa = qp_attr(IBV_QPT_UD);
+  ASSERT_EQ(rdma_create_qp(s, nullptr, &sqa), 0);
+  ASSERT_EQ(rdma_accept(s, nullptr), 0);
+  rdma_ack_cm_event(ev);
+  ev = expect_event(RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->id, c) << "no ESTABLISHED on the passive side";
+  EXPECT_EQ(ev->param.ud.qp_num, s->qp->qp_num);
+  EXPECT_EQ(ev->param.ud.qkey, static_cast<uint32_t>(RDMA_UDP_QKEY));
+  EXPECT_EQ(ev->param.ud.ah_attr.is_global, 1);
+  ibv_ah* ah = ibv_create_ah(c->pd, &ev->param.ud.ah_attr);
+  EXPECT_NE(ah, nullptr) << "the event's ah_attr makes an address handle";
+  if (ah) ibv_destroy_ah(ah);
+  rdma_ack_cm_event(ev);
+  rdma_destroy_qp(s);
+  rdma_destroy_qp(c);
+  EXPECT_EQ(rdma_destroy_id(s), 0);
+  EXPECT_EQ(rdma_destroy_id(c), 0);
+  EXPECT_EQ(rdma_destroy_id(l), 0);
+}
+
+TEST_F(CmaLoop, UdNoListenerIsUnreachable) {
+  rdma_cm_id* c = resolved(RDMA_PS_UDP, my_ip(), 7605);
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(rdma_connect(c, nullptr), 0);
+  rdma_cm_event* ev = expect_event(RDMA_CM_EVENT_UNREACHABLE);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->status, 1) << "SIDR status 1: service ID not supported";
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(c), 0);
+}
+
+}  // namespace
