@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -150,6 +151,14 @@ void on_request(Device* d, uint64_t conn, uint64_t listen, const softrnic_cm_msg
   id->peer_psn = m.starting_psn;
   id->peer_rr = m.responder_resources;
   id->peer_ini = m.initiator_depth;
+  // Known from here on, so rdma_init_qp_attr works before rdma_accept (rping -q, UCX):
+  // our PSN, and the depths the REQ implies (accept may lower them).
+  id->my_psn = random24();
+  {
+    const ibv_device_attr& a = d->attr;
+    id->rr = static_cast<uint8_t>(std::min<int>(m.initiator_depth, std::min(a.max_qp_rd_atom, 255)));
+    id->ini = static_cast<uint8_t>(std::min<int>(m.responder_resources, std::min(a.max_qp_init_rd_atom, 255)));
+  }
   id->retry = m.retry_count;
   id->rnr = m.rnr_retry_count;  // what the requester asks us to retry (our QP's rnr_retry)
   if (!ud && m.local_ack_timeout != 0 && !id->ack_timeout_set) id->ack_timeout = kDefaultAckTimeout;

@@ -278,8 +278,8 @@ int accept_locked(Id* id, const rdma_conn_param* p) {
   if (int rc = check_depths(id, p, id->peer_ini, id->peer_rr, &rr, &ini); rc != 0) return rc;
   id->rr = rr;
   id->ini = ini;
-  id->rnr = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
-  id->my_psn = random24();
+  // The REP's RNR retry count is the active side's; our QP keeps the REQ's (id->rnr).
+  uint8_t rep_rnr = p ? std::min<uint8_t>(7, p->rnr_retry_count) : 7;
   if (id->pub.qp != nullptr) {
     if (int rc = qp_connect(id); rc != 0) {
       qp_to_err(id);
@@ -293,7 +293,7 @@ int accept_locked(Id* id, const rdma_conn_param* p) {
   m.initiator_depth = ini;
   m.target_ack_delay = id->dev->info.ack_delay;
   m.flow_control = p ? (p->flow_control ? 1 : 0) : 1;
-  m.rnr_retry_count = id->rnr;
+  m.rnr_retry_count = rep_rnr;
   m.srq = id->pub.qp ? (id->pub.qp->srq != nullptr) : (p ? p->srq : 0);
   int rc = cm_send(id, m);
   if (rc != 0) {
