@@ -43,6 +43,14 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 
+# Without a CM agent in the device (rdma_listen: ENOSYS) the pair cannot run: a counted skip.
+if [ -n "${RDMACM_CM_PROBE:-}" ]; then
+  SOFTRNIC_IP="$sip" "$launch" -- "$RDMACM_CM_PROBE"
+  prc=$?
+  [ "$prc" = 77 ] && { echo "SKIP: the device has no CM agent (rdma_listen fails with ENOSYS)"; exit 77; }
+  [ "$prc" = 0 ] || { echo "FAIL: cm_probe exited $prc"; exit 1; }
+fi
+
 SOFTRNIC_IP="$sip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${server[@]}" >"$work/server.out" 2>&1 &
 spid=$!
 up=0
