@@ -91,8 +91,9 @@ for root in "" /sys; do
 done
 
 # The launcher preloads it (whatever LD_PRELOAD the caller had).
-if "$src/scripts/softrnic" run -- "$probe" /dev/infiniband/uverbs0 | grep -q '^access(R_OK|W_OK): 0$' &&
-   "$src/scripts/softrnic" run --preload -- "$probe" /sys/class/infiniband/softrnic0/ports/1/gid_attrs/types/0 |
+# (tests/shim/launch.sh: in the asan build it preloads the sanitizer runtime the shim needs.)
+if "$src/tests/shim/launch.sh" -- "$probe" /dev/infiniband/uverbs0 | grep -q '^access(R_OK|W_OK): 0$' &&
+   "$src/tests/shim/launch.sh" --preload -- "$probe" /sys/class/infiniband/softrnic0/ports/1/gid_attrs/types/0 |
      grep -q "^fopen: ok 'RoCE v2'$"; then
   echo "ok: softrnic run preloads it"
 else
