@@ -91,6 +91,12 @@ const VarDecl kVars[] = {
      .values = "`on`, `off`, `required`", .help = "the per-process control socket",
      .reader = "services", .choices = "on/1/yes,off/0/no,required",
      .store = [](Config* c, const VarValue& v) { c->control = static_cast<ControlSocket>(v.u); }},
+    {.name = "SOFTRNIC_CM_MAX_WAIT_MS", .type = VarType::kU32, .default_text = "none",
+     .values = "1..3600000 (ms)",
+     .help = "cap on every CM wait (REQ/REP/DREQ/SIDR retries, MRA, timewait; IBA/Linux values "
+             "otherwise): for tests of timeouts",
+     .reader = "cm", .empty_is_error = true, .min = 1, .max = 3600000,
+     .store = [](Config* c, const VarValue& v) { c->cm_max_wait_ms = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_RUNTIME_DIR", .type = VarType::kPath,
      .default_text = "`$XDG_RUNTIME_DIR/softrnic` or `/tmp/softrnic-$UID`",
      .values = "a directory (mode 0700)", .help = "control sockets and the generated sysfs tree",

@@ -32,12 +32,31 @@ bool g_dev_ok = false;
 }  // namespace
 
 uint64_t device_guid(const std::string& name) {
-  // FNV-1a of the name, made a locally administered EUI-64 (0x02 in the first byte).
+  // FNV-1a of (name, pid, a per-process random salt), made a locally administered EUI-64
+  // (0x02 in the first byte): every process's device has its own node GUID (the CM's CA
+  // GUID, cm-notes §3.7), a forked child too (its pid differs). The same value is passed to
+  // the emu device at open (host.cc), so ibv_get_device_guid and ibv_query_device agree.
+  static const uint64_t salt = [] {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      if (read(fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) v = 0;
+      close(fd);
+    }
+    return v ^ static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&v));
+  }();
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= b[i];
+      h *= 1099511628211ull;
+    }
+  };
+  mix(name.data(), name.size());
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  mix(&pid, sizeof pid);
+  mix(&salt, sizeof salt);
   h = (h & 0x0000ffffffffffffull) | 0x0200000000000000ull;
   return h;
 }

@@ -147,6 +147,10 @@ int start_device(Host* h) {
   dc.name = h->cfg_.name;
   dc.ip = ip_str(h->ip_);
   dc.active_mtu = h->cfg_.mtu;
+  // This process's node GUID (device.cc device_guid): recomputed here so a forked child's
+  // device gets its own; the listed device reports the same value from now on.
+  dc.node_guid = device_guid(dc.name);
+  h->dev_entry_->node_guid_be_ = htobe64(dc.node_guid);
   auto r = emu::Device::open(dc);
   if (!r.has_value()) {
     RNIC_LOG(kError, "cannot open device %s on %s: %s", dc.name.c_str(), dc.ip.c_str(),
@@ -182,6 +186,13 @@ int start_device(Host* h) {
     return EINVAL;
   }
   h->services_ = std::move(svc);
+  // The IB CM on QP1 (emu/cm/agent.h), for librdmacm. Without it the device still works for
+  // verbs (QP1 then drops MADs, counted as drop_unknown_qpn).
+  cm::AgentOptions ao;
+  ao.max_wait_ms = h->cfg_.cm_max_wait_ms;
+  int cm_err = 0;
+  h->cm_ = cm::Agent::create(dev, ao, &cm_err);
+  if (!h->cm_) RNIC_LOG(kWarn, "device %s: no CM agent: %s", dc.name.c_str(), std::strerror(-cm_err));
   h->dev_ = std::move(dev);
   return 0;
 }

@@ -313,6 +313,7 @@ struct AgentCounters {
   uint64_t dropped_duplicate = 0;  // duplicates absorbed (answered by resend/MRA or ignored)
   uint64_t dropped_unmatched = 0;  // a REP/RTU/REJ/MRA/DREP for no known connection or
                                    // in a state that does not take it
+  uint64_t dropped_overflow = 0;   // MADs dropped because the agent's queue was full (4096)
   uint64_t timeouts = 0;           // kTimeout events
   uint64_t rej_sent = 0;
   uint64_t connections = 0;        // currently allocated comm IDs (gauge)

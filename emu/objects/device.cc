@@ -148,12 +148,27 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   std::shared_ptr<Device> d(new Device(cfg));
   d->ipv4_ = ntohl(a.s_addr);
 
-  // Node GUID: stable for a (name, IP) pair; EUI-64 shaped with the locally administered
-  // bit set and the group bit clear, so it can never equal a real NIC's burned-in GUID.
-  uint64_t h = fnv1a64(cfg.name.data(), cfg.name.size());
-  h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
-  uint64_t guid = (h & ~(uint64_t{0xFF} << 56)) |
-                  (uint64_t((((h >> 56) & 0xFF) | 0x02) & ~0x01u) << 56);
+  // Node GUID (the CA GUID of the CM: Linux peers detect duplicate and stale connections by
+  // it, so every device of every process needs its own, cm-notes §3.7/§6.6): cfg.node_guid,
+  // else a hash of (name, IP, pid, a per-process random salt) — stable for a (name, IP) pair
+  // within one process, different in every other process (and after fork). EUI-64 shaped
+  // with the locally administered bit set and the group bit clear, so it can never equal a
+  // real NIC's burned-in GUID.
+  uint64_t guid = cfg.node_guid;
+  if (guid == 0) {
+    static const uint64_t salt = [] {
+      std::random_device rd;
+      return (uint64_t{rd()} << 32) ^ rd();
+    }();
+    const uint32_t pid = static_cast<uint32_t>(getpid());
+    uint64_t h = fnv1a64(cfg.name.data(), cfg.name.size());
+    h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
+    h = fnv1a64(&pid, sizeof pid, h);
+    h = fnv1a64(&salt, sizeof salt, h);
+    guid = h;
+  }
+  guid = (guid & ~(uint64_t{0xFF} << 56)) |
+         (uint64_t((((guid >> 56) & 0xFF) | 0x02) & ~0x01u) << 56);
 
   DeviceAttr& at = d->attr_;
   at.fw_ver = kFwVer;

@@ -38,6 +38,8 @@ struct DeviceConfig {
   uint32_t active_mtu = 0;
   bool secure_keys = false;     // full random 32-bit keys, no visible index (pool.h)
   uint64_t key_seed = 0;        // 0 = random; else deterministic keys/QPNs (tests, S18)
+  // Node GUID (host order); 0 = derived per process (Device::open). EUI-64 bits are forced.
+  uint64_t node_guid = 0;
   ErrorsMode errors = ErrorsMode::kSpec;  // local-error statuses (mr.h)
   // Limits override (0 = param.h default); tests use small values to hit ENOMEM.
   uint32_t max_mr = 0;

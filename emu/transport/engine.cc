@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "emu/transport/comp.h"
 #include "emu/objects/cq.h"
 #include "emu/transport/recv.h"
 #include "emu/transport/req.h"
 #include "emu/transport/resp.h"
+#include "wire/packet.h"
 #include "wire/port.h"
 #include "wire/psn.h"
 #include "wire/udp_port.h"
@@ -221,6 +223,46 @@ void Engine::arm_defer(uint64_t deadline_ns) {
   its.it_value.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
   its.it_value.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
   timerfd_settime(defer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+// ---------------------------------------------------------------- QP1 (GSI)
+
+Status Engine::set_gsi_handler(GsiHandler* h) {
+  if (h == nullptr) return Errc::kInval;
+  GsiHandler* none = nullptr;
+  return gsi_.compare_exchange_strong(none, h, std::memory_order_acq_rel) ? Status::ok()
+                                                                          : Status(Errc::kBusy);
+}
+
+void Engine::clear_gsi_handler(GsiHandler* h) {
+  GsiHandler* cur = h;
+  if (!gsi_.compare_exchange_strong(cur, nullptr, std::memory_order_acq_rel)) return;
+  std::lock_guard lk(rx_mu_);  // a call that loaded h before the exchange has returned
+}
+
+Status Engine::send_gsi(const wire::Endpoint& dst, uint32_t dest_qpn, uint16_t pkey,
+                        std::span<const uint8_t> payload) {
+  if (payload.size() > 4096) return Errc::kInval;
+  wire::PacketFields f;
+  f.opcode = wire::op::kUdSendOnly;
+  f.pkey = pkey;
+  f.dest_qp = dest_qpn & wire::kPsnMask;
+  f.psn = gsi_psn_.fetch_add(1, std::memory_order_relaxed) & wire::kPsnMask;
+  f.qkey = kGsiQkey;
+  f.src_qp = kGsiQpn;
+  TxBatch& tx = tx_batch();
+  if (tx.full()) flush(tx);
+  uint8_t* buf = tx.next();
+  const size_t hl = wire::write_roce_headers(buf, f, payload.size());
+  if (hl == 0) return Errc::kInval;
+  std::memcpy(buf + hl, payload.data(), payload.size());
+  const auto len = static_cast<uint32_t>(wire::roce_len(hl, payload.size()));
+  wire::finish_roce(buf, hl, payload.size(),
+                    wire::meta_between(port_->local(), dst, tx.ip_id_for(dst, len)));
+  tx.commit(dst, len);
+  ctr_.add(Ctr::kSentPkts);
+  flush(tx);
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------- receive

@@ -44,6 +44,7 @@
 #include "emu/objects/device.h"
 #include "emu/objects/hooks.h"
 #include "emu/objects/status.h"
+#include "emu/transport/gsi.h"
 #include "wire/port.h"
 
 namespace rnic::emu {
@@ -162,6 +163,19 @@ class Engine final : public TransportHooks {
   // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned; install before traffic starts.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
 
+  // ---- QP1 (GSI, emu/transport/gsi.h) ----
+  // Registers the one handler of QP1's received MADs. EBUSY if one is set.
+  Status set_gsi_handler(GsiHandler* h);
+  // Removes h (no-op if it is not the handler). On return no call to h is running or will
+  // start (takes the receive lock: never call it from the receive context).
+  void clear_gsi_handler(GsiHandler* h);
+  GsiHandler* gsi_handler() const { return gsi_.load(std::memory_order_acquire); }
+  // Sends payload (a MAD) as one UD SEND_ONLY from QP1: P_Key pkey, DestQP dest_qpn, DETH
+  // Q_Key 0x80010000, SrcQP 1, PSN = QP1's send counter, to dst. Any thread except the
+  // receive context. EINVAL: payload larger than the path MTU allows (4096).
+  Status send_gsi(const wire::Endpoint& dst, uint32_t dest_qpn, uint16_t pkey,
+                  std::span<const uint8_t> payload);
+
   // ---- manual driving (tests; also used by the progress thread) ----
   // Drains the port until it is empty or `budget` datagrams were handled; blocks on the
   // receive lock. Returns datagrams handled.
@@ -233,6 +247,8 @@ class Engine final : public TransportHooks {
   EngineConfig cfg_;
   Counters ctr_;
   std::atomic<wire::HeldPacketSource*> fault_{nullptr};
+  std::atomic<GsiHandler*> gsi_{nullptr};
+  std::atomic<uint32_t> gsi_psn_{0};
   bool gso_ = true;
 
   // receive context

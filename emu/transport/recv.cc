@@ -180,6 +180,47 @@ std::shared_ptr<Qp> find_dest_qp(Engine& e, const wire::RxDesc& d, const wire::P
   return qp;
 }
 
+// QP1 (emu/transport/gsi.h): UD SEND_ONLY, default P_Key, GSI Q_Key, then the handler.
+void deliver_gsi(Engine& e, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
+  const auto bth = p.bth();
+  GsiHandler* h = e.gsi_handler();
+  if (h == nullptr) {
+    dc.add(Ctr::kDropUnknownQpn);
+    RNIC_PKT_LOG("drop", "QP1 (GSI) has no CM agent", Ctr::kDropUnknownQpn, d.src, kGsiQpn,
+                 p.opcode, bth.psn());
+    return;
+  }
+  if (p.opcode != wire::op::kUdSendOnly) {
+    dc.add(Ctr::kDropBadState);
+    RNIC_PKT_LOG("drop", "QP1 takes only UD SEND_ONLY", Ctr::kDropBadState, d.src, kGsiQpn,
+                 p.opcode, bth.psn());
+    return;
+  }
+  if (!pkey_ok(bth.pkey())) {
+    dc.add(Ctr::kBadPkeyCntr);
+    e.device().count_bad_pkey();
+    RNIC_PKT_LOG("drop", "bad P_Key", Ctr::kBadPkeyCntr, d.src, kGsiQpn, p.opcode, bth.psn());
+    return;
+  }
+  if (p.deth().qkey() != kGsiQkey) {
+    dc.add(Ctr::kQkeyViolCntr);
+    e.device().count_qkey_viol();
+    RNIC_PKT_LOG("drop", "Q_Key is not the GSI key", Ctr::kQkeyViolCntr, d.src, kGsiQpn,
+                 p.opcode, bth.psn());
+    return;
+  }
+  dc.add(Ctr::kRcvdPkts);
+  GsiPacket g;
+  g.src = d.src;
+  g.dst = d.dst;
+  g.src_qpn = p.deth().src_qp();
+  g.pkey = bth.pkey();
+  g.tos = d.tos;
+  g.payload = p.payload_span();
+  h->on_gsi_packet(g);
+}
+
 // Steps 4 and 5: QP type vs opcode class, QP state (requests: responder in RTR or later;
 // responses: requester in RTS/SQD), P_Key.
 bool qp_accepts(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p,
@@ -293,6 +334,10 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
   wire::PacketView p;
   if (!parse_ok(dc, d, roce, &p)) return;
+  if (p.bth().dest_qp() == kGsiQpn) {
+    deliver_gsi(e, d, p);
+    return;
+  }
   std::shared_ptr<Qp> qp = find_dest_qp(e, d, p);
   if (!qp) return;
   const bool is_req = p.has(wire::kReqMask);

@@ -38,7 +38,7 @@ plant emu/services/services.cc '"verbs_shim/shim.h"' 'must not include "verbs_sh
 
 # The build rule: each layer library's objects depend on the check.
 for lib in base/libbase.a wire/libwire.a emu/objects/libemu_objects.a emu/transport/libemu_transport.a \
-           emu/fault/libemu_fault.a emu/services/libemu_services.a; do
+           emu/fault/libemu_fault.a emu/cm/libemu_cm.a emu/services/libemu_services.a; do
   objs=$(ninja -C "$build" -t query "$lib" 2>/dev/null | sed -n '/input:/,/outputs:/p' | grep '\.o$' | tr -d ' ')
   [ -n "$objs" ] || { echo "FAIL: no objects found for $lib"; fail=1; continue; }
   for o in $objs; do
