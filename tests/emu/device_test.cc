@@ -2,6 +2,8 @@
 // table (index 0 = ::ffff:a.b.c.d, RoCE v2), active MTU from the interface, stable node
 // GUID, create-time validation and EBUSY on destroying objects still in use.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -63,6 +65,31 @@ TEST(Device, NodeGuidStableAndDistinct) {
   c = test_config();
   c.name = "softrnic1";
   EXPECT_NE(open_device(c)->attr().node_guid, a->attr().node_guid);
+}
+
+// The node GUID is the CA GUID of the CM (duplicate/stale detection key of Linux peers):
+// another process (here a forked child) opening the same name on the same IP gets another one.
+TEST(Device, NodeGuidDiffersPerProcess) {
+  const uint64_t mine = open_device()->attr().node_guid;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto r = Device::open(test_config());
+    uint64_t g = r.has_value() ? (*r)->attr().node_guid : 0;
+    ssize_t w = write(fds[1], &g, sizeof g);
+    _exit(w == sizeof g ? 0 : 1);
+  }
+  uint64_t child = 0;
+  ASSERT_EQ(read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  int st = 0;
+  waitpid(pid, &st, 0);
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_NE(child, 0u);
+  EXPECT_NE(child, mine);
+  EXPECT_EQ((child >> 56) & 0x03, 0x02u);
 }
 
 TEST(Device, GidTableIndex0IsIpv4MappedRoceV2) {
