@@ -3,6 +3,8 @@
 // needs our libibverbs.so.1 and no emu code (no engine symbol, no second device copy).
 #include <gtest/gtest.h>
 
+#include "../shim/version_map.h"
+
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -14,7 +16,7 @@
 
 namespace {
 
-using SymSet = std::set<std::pair<std::string, std::string>>;  // (node, symbol)
+using rnic::test::SymSet;
 
 std::string run(const std::string& cmd) {
   std::string out;
@@ -49,21 +51,7 @@ SymSet exported(const std::string& lib, bool all_nodes = false) {
   return out;
 }
 
-SymSet from_map(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = std::regex_replace(ss.str(), std::regex(R"(/\*[\s\S]*?\*/)"), "");
-  SymSet out;
-  std::regex node_re(R"(([A-Za-z0-9_.]+)\s*\{([^}]*)\})");
-  for (std::sregex_iterator it(s.begin(), s.end(), node_re), end; it != end; ++it) {
-    std::string node = (*it)[1], body = (*it)[2];
-    std::regex sym_re(R"(([A-Za-z0-9_]+)\s*;)");
-    for (std::sregex_iterator jt(body.begin(), body.end(), sym_re); jt != end; ++jt)
-      if ((*jt)[1] != "local") out.insert({node, (*jt)[1]});
-  }
-  return out;
-}
+SymSet from_map(const std::string& path) { return rnic::test::version_map_symbols(path); }
 
 std::string diff(const SymSet& a, const SymSet& b) {
   std::string o;

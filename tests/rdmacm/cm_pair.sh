@@ -12,6 +12,7 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launch="$here/../shim/launch.sh"
+. "$here/../shim/output_checks.sh"
 mode=()
 expect='.'
 sexpect='.'
@@ -73,10 +74,8 @@ cat "$work/client.out"
 
 fail=0
 [ "$up" = 1 ] || fail=1
-[ "$src" -eq 0 ] || { echo "FAIL: server exited $src"; fail=1; }
-[ "$crc" -eq 0 ] || { echo "FAIL: client exited $crc"; fail=1; }
-grep -Eq -- "$sexpect" "$work/server.out" || { echo "FAIL: server output lacks /$sexpect/"; fail=1; }
-grep -Eq -- "$expect" "$work/client.out" || { echo "FAIL: client output lacks /$expect/"; fail=1; }
+check_run server "$src" "$work/server.out" "$sexpect" || fail=1
+check_run client "$crc" "$work/client.out" "$expect" || fail=1
 if [ -n "$count_re" ]; then
   n=$(grep -Ec -- "$count_re" "$work/client.out")
   [ "$n" -ge "$count_n" ] || { echo "FAIL: client has $n lines /$count_re/, want >= $count_n"; fail=1; }
@@ -85,10 +84,5 @@ if [ -n "$scount_re" ]; then
   n=$(grep -Ec -- "$scount_re" "$work/server.out")
   [ "$n" -ge "$scount_n" ] || { echo "FAIL: server has $n lines /$scount_re/, want >= $scount_n"; fail=1; }
 fi
-if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/server.out" "$work/client.out"; then
-  echo "FAIL: loader error"; fail=1
-fi
-if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$work/server.out" "$work/client.out"; then
-  echo "FAIL: sanitizer report"; fail=1
-fi
+check_foreign "$work/server.out" "$work/client.out" || fail=1
 exit "$fail"

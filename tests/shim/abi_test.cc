@@ -3,6 +3,8 @@
 // the verbs_context contract (abi_compat, sz, every op slot non-NULL), the device tail
 // word, and the sizes the query verbs may write.
 #include <gtest/gtest.h>
+
+#include "version_map.h"
 #include <infiniband/verbs.h>
 
 #include <cstdio>
@@ -16,7 +18,7 @@
 
 namespace {
 
-using SymSet = std::set<std::pair<std::string, std::string>>;  // (node, symbol)
+using rnic::test::SymSet;
 
 // Default-version (node, symbol) pairs exported by a shared object, from objdump -T.
 SymSet exported(const std::string& lib) {
@@ -40,24 +42,7 @@ SymSet exported(const std::string& lib) {
   return out;
 }
 
-SymSet from_map(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = std::regex_replace(ss.str(), std::regex(R"(/\*[\s\S]*?\*/)"), "");
-  SymSet out;
-  std::regex node_re(R"(([A-Za-z0-9_.]+)\s*\{([^}]*)\})");
-  for (std::sregex_iterator it(s.begin(), s.end(), node_re), end; it != end; ++it) {
-    std::string node = (*it)[1];
-    std::string body = (*it)[2];
-    std::regex sym_re(R"(([A-Za-z0-9_]+)\s*;)");
-    for (std::sregex_iterator jt(body.begin(), body.end(), sym_re); jt != end; ++jt) {
-      std::string sym = (*jt)[1];
-      if (sym != "local") out.insert({node, sym});
-    }
-  }
-  return out;
-}
+SymSet from_map(const std::string& path) { return rnic::test::version_map_symbols(path); }
 
 std::string dump(const SymSet& s) {
   std::string o;

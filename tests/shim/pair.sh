@@ -11,6 +11,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 launcher="$here/../../scripts/softrnic"
 launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
+. "$here/output_checks.sh"
 mode=()
 expect='.'
 sexpect='.'
@@ -57,16 +58,7 @@ cat "$work/client.out"
 
 fail=0
 [ "$listening" = 1 ] || fail=1
-[ "$src" -eq 0 ] || { echo "FAIL: server exited $src"; fail=1; }
-[ "$crc" -eq 0 ] || { echo "FAIL: client exited $crc"; fail=1; }
-grep -Eq -- "$sexpect" "$work/server.out" || { echo "FAIL: server output lacks /$sexpect/"; fail=1; }
-grep -Eq -- "$expect" "$work/client.out" || { echo "FAIL: client output lacks /$expect/"; fail=1; }
-if grep -Eq 'symbol lookup error|version .* not found|no version information' "$work/server.out" "$work/client.out"; then
-  echo "FAIL: loader error"; fail=1
-fi
-# A sanitizer report in our code inside the foreign program (asan build) fails the test even
-# when the program's exit status did not show it.
-if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$work/server.out" "$work/client.out"; then
-  echo "FAIL: sanitizer report"; fail=1
-fi
+check_run server "$src" "$work/server.out" "$sexpect" || fail=1
+check_run client "$crc" "$work/client.out" "$expect" || fail=1
+check_foreign "$work/server.out" "$work/client.out" || fail=1
 exit "$fail"

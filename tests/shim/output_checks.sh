@@ -1,0 +1,22 @@
+# tests/shim/output_checks.sh (sourced): checks on the output of a foreign program run
+# through the shims, shared by pair.sh and tests/rdmacm/cm_pair.sh.
+# check_run NAME EXIT OUTFILE RE: prints FAIL lines and returns 1 unless NAME exited 0 and
+# OUTFILE matches RE.
+check_run() {
+  local r=0
+  [ "$2" -eq 0 ] || { echo "FAIL: $1 exited $2"; r=1; }
+  grep -Eq -- "$4" "$3" || { echo "FAIL: $1 output lacks /$4/"; r=1; }
+  return $r
+}
+# check_foreign OUTFILE...: a loader error, or a sanitizer report in our code inside the
+# foreign program (asan build), fails the test even when the exit status did not show it.
+check_foreign() {
+  local r=0
+  if grep -Eq 'symbol lookup error|version .* not found|no version information' "$@"; then
+    echo "FAIL: loader error"; r=1
+  fi
+  if grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ' "$@"; then
+    echo "FAIL: sanitizer report"; r=1
+  fi
+  return $r
+}
