@@ -4,10 +4,12 @@
 # both through scripts/softrnic run (tests/shim/launch.sh), with timeouts.
 #   cm_pair.sh [--preload] [--expect RE] [--server-expect RE] [--count RE N] [--timeout S]
 #              SERVER_IP CLIENT_IP -- SERVER_CMD... --client-- CLIENT_CMD...
+# (either IP may be "auto": a free random 127.64-127.127 address).
 # @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
 # match (--count RE N: the client's output has at least N lines matching RE, and so does the
 # server's with --server-count). rdma_cm uses no TCP port: the client starts once the
-# server's device has bound SERVER_IP:4791 (its UDP socket) and a second has passed.
+# server's device has bound SERVER_IP:4791 (its UDP socket) and a second has passed, and
+# tries again when it was rejected for want of a listener (the server was not there yet).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +35,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 sip="$1"; cip="$2"; shift 2
+# "auto": a random loopback address no socket holds port 4791 on (other checkouts may run
+# the same tests at the same time; ss narrows the race to the moment between check and bind).
+pick_ip() {
+  local ip
+  for _ in $(seq 1 100); do
+    ip="127.$((RANDOM % 64 + 64)).$((RANDOM % 256)).$((RANDOM % 250 + 2))"
+    ss -Hlun "src $ip:4791" 2>/dev/null | grep -q . || { echo "$ip"; return; }
+  done
+  echo "127.0.0.254"
+}
+[ "$sip" = auto ] && sip="$(pick_ip)"
+[ "$cip" = auto ] && cip="$(pick_ip)"
 [ "${1:-}" = "--" ] && shift
 server=(); client=()
 while [ $# -gt 0 ] && [ "$1" != "--client--" ]; do server+=("${1//@SIP@/$sip}"); shift; done
@@ -62,8 +76,17 @@ for _ in $(seq 1 200); do
 done
 [ "$up" = 1 ] || echo "FAIL: the server's device never bound $sip:4791 (20 s)"
 sleep 1  # from the device's bind to rdma_listen: the program's own setup
-SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
-crc=$?
+# A client that came before the server's rdma_listen is rejected with reason 8 (no listener
+# for the service ID): that is start-up order, not a result; it retries (3 tries, 2 s apart).
+for try in 1 2 3; do
+  # nice: on a loaded machine the server must reach its rdma_listen first (perftest -R
+  # listens twice, and a REQ that beats the second listen is rejected).
+  SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" nice -n 5 "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
+  crc=$?
+  [ "$crc" -ne 0 ] && grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && kill -0 "$spid" 2>/dev/null || break
+  echo "note: try $try: the server was not listening yet (REJECTED 8); trying again"
+  sleep 2
+done
 wait "$spid"
 src=$?
 

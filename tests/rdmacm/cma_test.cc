@@ -12,16 +12,42 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 #include <rdma/rsocket.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <string>
 #include <thread>
 
 namespace {
+
+// Without SOFTRNIC_IP the test takes a random free 127.64-127.127 address (before any device
+// is opened), so runs from other checkouts at the same time do not collide.
+const bool kIpChosen = [] {
+  if (std::getenv("SOFTRNIC_IP") != nullptr) return true;
+  std::srand(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (int i = 0; i < 200; ++i) {
+    char ip[32];
+    std::snprintf(ip, sizeof ip, "127.%d.%d.%d", 64 + std::rand() % 64, std::rand() % 256, 2 + std::rand() % 250);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(4791);
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    bool ok = bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    close(s);
+    if (ok) {
+      setenv("SOFTRNIC_IP", ip, 1);
+      return true;
+    }
+  }
+  return false;
+}();
 
 std::string my_ip() {
   const char* ip = std::getenv("SOFTRNIC_IP");
