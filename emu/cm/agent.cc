@@ -171,40 +171,10 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   std::array<uint8_t, 16> local_gid() const override { return gid_; }
 
   // ---- GsiHandler (receive context) ----
-  void on_gsi_packet(const emu::GsiPacket& p) override {
-    std::lock_guard lk(mu_);
-    if (p.payload.size() != kMadBytes) {
-      ++ctr_.dropped_malformed;
-      RNIC_LOG_RL(kWarn, "cm: dropped a %zu-byte MAD from %s (must be 256)", p.payload.size(),
-                  p.src.to_string().c_str());
-      return;
-    }
-    if (rxq_.size() >= kMaxQueue) {
-      ++ctr_.dropped_overflow;
-      return;
-    }
-    RxMad& m = rxq_.emplace_back();
-    std::memcpy(m.b.data(), p.payload.data(), kMadBytes);
-    m.len = kMadBytes;
-    m.src = p.src;
-    cv_.notify_one();
-  }
+  void on_gsi_packet(const emu::GsiPacket& p) override { enqueue(p.payload, p.src); }
 
   void inject_mad(std::span<const uint8_t> mad, uint32_t from_ip) override {
-    std::lock_guard lk(mu_);
-    if (mad.size() != kMadBytes) {
-      ++ctr_.dropped_malformed;
-      return;
-    }
-    if (rxq_.size() >= kMaxQueue) {
-      ++ctr_.dropped_overflow;
-      return;
-    }
-    RxMad& m = rxq_.emplace_back();
-    std::memcpy(m.b.data(), mad.data(), kMadBytes);
-    m.len = kMadBytes;
-    m.src = wire::Endpoint::v4(from_ip, udp_port_);
-    cv_.notify_one();
+    enqueue(mad, wire::Endpoint::v4(from_ip, udp_port_));
   }
 
   // ---- passive ----
@@ -498,6 +468,26 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
 
  private:
   static constexpr size_t kMaxQueue = 4096;
+
+  // Copies one received MAD into the cm thread's queue (or counts why not).
+  void enqueue(std::span<const uint8_t> mad, const wire::Endpoint& src) {
+    std::lock_guard lk(mu_);
+    if (mad.size() != kMadBytes) {
+      ++ctr_.dropped_malformed;
+      RNIC_LOG_RL(kWarn, "cm: dropped a %zu-byte MAD from %s (must be 256)", mad.size(),
+                  src.to_string().c_str());
+      return;
+    }
+    if (rxq_.size() >= kMaxQueue) {
+      ++ctr_.dropped_overflow;
+      return;
+    }
+    RxMad& m = rxq_.emplace_back();
+    std::memcpy(m.b.data(), mad.data(), kMadBytes);
+    m.len = kMadBytes;
+    m.src = src;
+    cv_.notify_one();
+  }
 
   Conn* find(uint32_t id) {
     auto it = conns_.find(id);

@@ -3,7 +3,8 @@
 // §3). One Agent per device; it owns the device's QP1 endpoint in the transport.
 //
 // CHANGES (keep this list: the API is used by librdmacm, rdmacm/; changes are additive)
-//   v1 (12:45 UTC, issue 12) first version.
+//   v1 (12:25 UTC, issue 12) first version (header only).
+//   v2 (13:30 UTC) implemented (emu/cm/agent.cc); additive: AgentCounters::dropped_overflow.
 //
 // WHAT IT DOES
 //   Active side:   send_req -> (kRepReceived -> send_rtu) | kRejReceived | kMraReceived
