@@ -3,6 +3,7 @@
 # processes each with its own softrnic device (SOFTRNIC_IP = distinct loopback addresses),
 # both through scripts/softrnic run (tests/shim/launch.sh), with timeouts.
 #   cm_pair.sh [--preload] [--expect RE] [--server-expect RE] [--count RE N] [--timeout S]
+#              [--no-retry] [--settle S]
 #              SERVER_IP CLIENT_IP -- SERVER_CMD... --client-- CLIENT_CMD...
 # (either IP may be "auto": a free random 127.64-127.127 address).
 # @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
@@ -23,6 +24,8 @@ count_n=0
 scount_re=''
 scount_n=0
 tmo=60
+tries=3
+settle=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) mode=(--preload); shift ;;
@@ -31,6 +34,8 @@ while [ $# -gt 0 ]; do
     --count) count_re="$2"; count_n="$3"; shift 3 ;;
     --server-count) scount_re="$2"; scount_n="$3"; shift 3 ;;
     --timeout) tmo="$2"; shift 2 ;;
+    --no-retry) tries=1; shift ;;
+    --settle) settle="$2"; shift 2 ;;
     *) break ;;
   esac
 done
@@ -75,15 +80,17 @@ for _ in $(seq 1 200); do
   sleep 0.1
 done
 [ "$up" = 1 ] || echo "FAIL: the server's device never bound $sip:4791 (20 s)"
-sleep 1  # from the device's bind to rdma_listen: the program's own setup
+sleep "$settle"  # from the device's bind to rdma_listen: the program's own setup
 # A client that came before the server's rdma_listen is rejected with reason 8 (no listener
 # for the service ID): that is start-up order, not a result; it retries (3 tries, 2 s apart).
-for try in 1 2 3; do
+# (--no-retry: programs that listen more than once, perftest -R, cannot be retried: the
+# server has moved on to its next phase.)
+for try in $(seq 1 "$tries"); do
   # nice: on a loaded machine the server must reach its rdma_listen first (perftest -R
   # listens twice, and a REQ that beats the second listen is rejected).
   SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" nice -n 5 "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
   crc=$?
-  [ "$crc" -ne 0 ] && grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && kill -0 "$spid" 2>/dev/null || break
+  [ "$try" -lt "$tries" ] && [ "$crc" -ne 0 ] && grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && kill -0 "$spid" 2>/dev/null || break
   echo "note: try $try: the server was not listening yet (REJECTED 8); trying again"
   sleep 2
 done
