@@ -46,6 +46,7 @@ void from_emu(const emu::AhAttr& e, ibv_ah_attr* a) {
 SHIM_EXPORT struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* attr) {
   return guard_ptr<ibv_ah>([&]() -> ibv_ah* {
     if (pd == nullptr || attr == nullptr) return static_cast<ibv_ah*>(null_errno(EINVAL));
+    if (inherited(pd->context)) return static_cast<ibv_ah*>(null_errno(EIO));
     auto r = to_ctx(pd->context)->emu_->create_ah(to_pd(pd)->emu_, to_emu(*attr));
     if (!r.has_value()) return static_cast<ibv_ah*>(null_errno(err_of(r.error())));
     auto* a = new Ah();
@@ -60,6 +61,7 @@ SHIM_EXPORT struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* 
 
 SHIM_EXPORT int ibv_destroy_ah(struct ibv_ah* ah) {
   if (ah == nullptr) return fail_errno(EINVAL);
+  if (inherited(ah->context)) return fail_errno(EIO);
   return guard_int([&] {
     Ah* a = to_ah(ah);
     emu::Status st = to_ctx(ah->context)->emu_->destroy_ah(a->emu_);
@@ -74,6 +76,7 @@ SHIM_EXPORT int ibv_destroy_ah(struct ibv_ah* ah) {
 SHIM_EXPORT int ibv_init_ah_from_wc(struct ibv_context* context, uint8_t port_num, struct ibv_wc* wc,
                                     struct ibv_grh* grh, struct ibv_ah_attr* ah_attr) {
   if (context == nullptr || wc == nullptr || ah_attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   std::memset(ah_attr, 0, sizeof *ah_attr);
   ah_attr->port_num = port_num;
   ah_attr->sl = wc->sl;

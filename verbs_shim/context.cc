@@ -101,6 +101,7 @@ using namespace rnic::shim;
 SHIM_EXPORT struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context* context) {
   return guard_ptr<ibv_comp_channel>([&]() -> ibv_comp_channel* {
     if (context == nullptr) return static_cast<ibv_comp_channel*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_comp_channel*>(null_errno(EIO));
     auto r = to_ctx(context)->emu_->create_comp_channel();
     if (!r.has_value()) return static_cast<ibv_comp_channel*>(null_errno(err_of(r.error())));
     auto* ch = new CompChannel();
@@ -114,6 +115,7 @@ SHIM_EXPORT struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context*
 
 SHIM_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel* channel) {
   if (channel == nullptr) return fail_errno(EINVAL);
+  if (inherited(channel->context)) return fail_errno(EIO);
   return guard_int([&] {
     CompChannel* ch = to_channel(channel);
     emu::Status st = to_ctx(channel->context)->emu_->destroy_comp_channel(ch->emu_);
@@ -127,6 +129,10 @@ SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq
                                  void** cq_context) {
   if (channel == nullptr || cq == nullptr || cq_context == nullptr) {
     errno = EINVAL;
+    return -1;
+  }
+  if (inherited(channel->context)) {  // its eventfd is the parent's: never consume its events
+    errno = EIO;
     return -1;
   }
   try {
@@ -151,7 +157,7 @@ SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq
 }
 
 SHIM_EXPORT void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
-  if (cq == nullptr) return;
+  if (cq == nullptr || inherited(cq->context)) return;
   to_cq(cq)->emu_->ack_events(nevents);
   pthread_mutex_lock(&cq->mutex);
   cq->comp_events_completed += nevents;
@@ -165,6 +171,10 @@ SHIM_EXPORT void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
 SHIM_EXPORT int ibv_get_async_event(struct ibv_context* context, struct ibv_async_event* event) {
   if (context == nullptr || event == nullptr) {
     errno = EINVAL;
+    return -1;
+  }
+  if (inherited(context)) {  // the async fd is the parent's
+    errno = EIO;
     return -1;
   }
   Context* ctx = to_ctx(context);

@@ -172,6 +172,7 @@ int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
 ibv_cq_ex* op_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   return guard_ptr<ibv_cq_ex>([&]() -> ibv_cq_ex* {
     if (context == nullptr || attr == nullptr) return static_cast<ibv_cq_ex*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_cq_ex*>(null_errno(EIO));
     if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
       return static_cast<ibv_cq_ex*>(null_errno(EINVAL));
     if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && attr->parent_domain != nullptr)
@@ -194,6 +195,7 @@ SHIM_EXPORT struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, v
                                          struct ibv_comp_channel* channel, int comp_vector) {
   return guard_ptr<ibv_cq>([&]() -> ibv_cq* {
     if (context == nullptr) return static_cast<ibv_cq*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_cq*>(null_errno(EIO));
     Cq* c = create_cq_common(context, cqe, cq_context, channel, comp_vector,
                              IBV_WC_STANDARD_FLAGS);
     return c ? reinterpret_cast<ibv_cq*>(&c->pub_) : nullptr;
@@ -202,6 +204,7 @@ SHIM_EXPORT struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, v
 
 SHIM_EXPORT int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
   if (cq == nullptr) return fail_errno(EINVAL);
+  if (inherited(cq->context)) return fail_errno(EIO);
   if (cqe < 1) return fail_errno(EINVAL);
   return guard_int([&] {
     Cq* c = to_cq(cq);

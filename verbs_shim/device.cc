@@ -230,6 +230,7 @@ SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
 
 SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr) {
   if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   fill_device_attr(to_ctx(context), attr);
   return 0;
 }
@@ -239,6 +240,7 @@ SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_
 SHIM_EXPORT int ibv_query_port(struct ibv_context* context, uint8_t port_num,
                                struct _compat_ibv_port_attr* port_attr) {
   if (context == nullptr || port_attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   if (port_num != 1) return fail_errno(EINVAL);
   ibv_port_attr full;
   fill_port_attr(to_ctx(context), &full);
@@ -249,6 +251,7 @@ SHIM_EXPORT int ibv_query_port(struct ibv_context* context, uint8_t port_num,
 SHIM_EXPORT int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int index,
                               union ibv_gid* gid) {
   if (context == nullptr || gid == nullptr || index < 0) return -1;
+  if (inherited(context)) return errno = EIO, -1;
   int type = 0;
   if (!query_gid(to_ctx(context), port_num, static_cast<uint32_t>(index), gid, &type)) return -1;
   return 0;
@@ -257,6 +260,7 @@ SHIM_EXPORT int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int
 SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num,
                                    unsigned int index, enum ibv_gid_type_sysfs* type) {
   if (context == nullptr || type == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   ibv_gid g;
   int t = 0;
   if (!query_gid(to_ctx(context), port_num, index, &g, &t)) {
@@ -271,6 +275,7 @@ SHIM_EXPORT int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num
                                   uint32_t gid_index, struct ibv_gid_entry* entry, uint32_t flags,
                                   size_t entry_size) {
   if (context == nullptr || entry == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   if (flags != 0) return fail_errno(EINVAL);
   if (entry_size < sizeof(ibv_gid_entry)) return fail_errno(EINVAL);
   ibv_gid g;
@@ -292,6 +297,7 @@ SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv
                                          size_t max_entries, uint32_t flags, size_t entry_size) {
   if (context == nullptr || (entries == nullptr && max_entries != 0)) return -EINVAL;
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  if (inherited(context)) return -EIO;
   ibv_port_attr pa;
   fill_port_attr(to_ctx(context), &pa);
   size_t n = 0;
@@ -318,6 +324,7 @@ SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv
 SHIM_EXPORT int ibv_query_pkey(struct ibv_context* context, uint8_t port_num, int index,
                                __be16* pkey) {
   if (context == nullptr || pkey == nullptr || port_num != 1) return -1;
+  if (inherited(context)) return errno = EIO, -1;
   if (index != 0) return -1;
   *pkey = htobe16(0xffff);
   return 0;
@@ -325,6 +332,7 @@ SHIM_EXPORT int ibv_query_pkey(struct ibv_context* context, uint8_t port_num, in
 
 SHIM_EXPORT int ibv_get_pkey_index(struct ibv_context* context, uint8_t port_num, __be16 pkey) {
   if (context == nullptr || port_num != 1) return -EINVAL;
+  if (inherited(context)) return -EIO;
   if ((be16toh(pkey) & 0x7fff) == 0x7fff) return 0;
   return -ENOENT;
 }
@@ -504,6 +512,7 @@ bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* t
 
 int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
   if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   auto r = to_ctx(context)->emu_->query_port(port);
   if (!r.has_value()) return fail_errno(err_of(r.error()));
   ibv_port_attr full;
@@ -516,6 +525,7 @@ int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_
 int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in,
                        ibv_device_attr_ex* attr, size_t attr_size) {
   if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   if (in != nullptr && in->comp_mask != 0) return fail_errno(EINVAL);
   if (attr_size < sizeof(ibv_device_attr)) return fail_errno(EINVAL);
   ibv_device_attr_ex full;
@@ -534,6 +544,7 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
 
 int op_query_rt_values(ibv_context* context, ibv_values_ex* values) {
   if (context == nullptr || values == nullptr) return fail_errno(EINVAL);
+  if (inherited(context)) return fail_errno(EIO);
   if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK))
     return fail_errno(EINVAL);
   if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {

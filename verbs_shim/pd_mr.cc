@@ -32,6 +32,7 @@ namespace {
 ibv_mr* reg_mr_common(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
   return guard_ptr<ibv_mr>([&]() -> ibv_mr* {
     if (pd == nullptr) return static_cast<ibv_mr*>(null_errno(EINVAL));
+    if (inherited(pd->context)) return static_cast<ibv_mr*>(null_errno(EIO));
     Pd* p = to_pd(pd);
     Context* ctx = to_ctx(pd->context);
     auto r = ctx->emu_->reg_mr(p->emu_, reinterpret_cast<uintptr_t>(addr), length, iova, access);
@@ -55,6 +56,7 @@ ibv_mr* reg_mr_common(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsi
 ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
   return guard_ptr<ibv_mw>([&]() -> ibv_mw* {
     if (pd == nullptr) return static_cast<ibv_mw*>(null_errno(EINVAL));
+    if (inherited(pd->context)) return static_cast<ibv_mw*>(null_errno(EIO));
     if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return static_cast<ibv_mw*>(null_errno(EINVAL));
     auto r = to_ctx(pd->context)->emu_->alloc_mw(to_pd(pd)->emu_, static_cast<emu::MwType>(type));
     if (!r.has_value()) return static_cast<ibv_mw*>(null_errno(err_of(r.error())));
@@ -72,6 +74,7 @@ ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
 
 int op_dealloc_mw(ibv_mw* mw) {
   if (mw == nullptr) return EINVAL;
+  if (inherited(mw->context)) return fail_errno(EIO);
   return guard_int([&] {
     Mw* w = to_mw(mw);
     emu::Status st = to_ctx(mw->context)->emu_->dealloc_mw(w->emu_);
@@ -86,6 +89,7 @@ int op_dealloc_mw(ibv_mw* mw) {
 // new key byte is ibv_inc_rkey of the current one, and publish the new rkey.
 int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
   if (qp == nullptr || mw == nullptr || bind == nullptr) return EINVAL;
+  if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     emu::SendWr wr;
     wr.wr_id = bind->wr_id;
@@ -114,6 +118,7 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
 SHIM_EXPORT struct ibv_pd* ibv_alloc_pd(struct ibv_context* context) {
   return guard_ptr<ibv_pd>([&]() -> ibv_pd* {
     if (context == nullptr) return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_pd*>(null_errno(EIO));
     auto r = to_ctx(context)->emu_->alloc_pd();
     if (!r.has_value()) return static_cast<ibv_pd*>(null_errno(err_of(r.error())));
     auto* p = new Pd();
@@ -177,6 +182,10 @@ SHIM_EXPORT int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, vo
   }
   if ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) {
     errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (inherited(mr->context)) {
+    errno = EIO;
     return IBV_REREG_MR_ERR_INPUT;
   }
   try {

@@ -401,6 +401,7 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
     errno = EINVAL;
     return nullptr;
   }
+  if (inherited(context)) return static_cast<ibv_qp*>(null_errno(EIO));
   switch (init->qp_type) {
     case IBV_QPT_RC:
     case IBV_QPT_UC:
@@ -591,6 +592,7 @@ SHIM_EXPORT int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int at
                              struct ibv_qp_init_attr* init_attr) {
   (void)attr_mask;  // rdma-core providers return every attribute regardless of the mask
   if (qp == nullptr || attr == nullptr || init_attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);
     emu::QpAttr ea;

@@ -18,6 +18,7 @@ ibv_srq* create_srq_common(ibv_context* context, ibv_pd* pd, void* srq_context, 
     errno = EINVAL;
     return nullptr;
   }
+  if (inherited(context)) return static_cast<ibv_srq*>(null_errno(EIO));
   emu::SrqAttr ea;
   ea.max_wr = attr->max_wr;
   ea.max_sge = attr->max_sge;
@@ -93,6 +94,7 @@ SHIM_EXPORT struct ibv_srq* ibv_create_srq(struct ibv_pd* pd, struct ibv_srq_ini
 
 SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask) {
   if (srq == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(srq->context)) return fail_errno(EIO);
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return fail_errno(EINVAL);
   return guard_int([&] {
     emu::SrqAttr ea;
@@ -106,6 +108,7 @@ SHIM_EXPORT int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, i
 
 SHIM_EXPORT int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
   if (srq == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(srq->context)) return fail_errno(EIO);
   return guard_int([&] {
     emu::SrqAttr got = to_srq(srq)->emu_->query();
     attr->max_wr = got.max_wr;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace {
@@ -29,7 +30,97 @@ void connect(ibv_qp* qp, uint32_t dest, const ibv_gid& gid) {
 uint8_t pattern(int round, uint32_t i) { return static_cast<uint8_t>(round * 31 + i * 7 + 1); }
 
 // What the child checks; returns the number of failed checks (its exit status).
-int child_main(ibv_context* pctx, ibv_cq* pcq, ibv_qp* pqp, ibv_mr* pmr, const ibv_gid& pgid) {
+// The parent's objects the child is handed.
+struct Inherited {
+  ibv_context* ctx;
+  ibv_pd* pd;
+  ibv_cq* cq;
+  ibv_qp* qp;
+  ibv_mr* mr;
+  ibv_ah* ah;
+  ibv_mw* mw;
+  ibv_comp_channel* channel;
+};
+
+// Queries, create_* on inherited objects, bind_mw, destroy_ah and the event channels: each
+// fails with EIO (NULL + errno EIO) and never reaches the parent's engine, whose locks a
+// thread of the parent may have held at fork.
+void check_control_verbs(const Inherited& p, const std::function<void(bool, const char*)>& check) {
+  auto eio = [&](int rc, const char* what) {
+    check(rc == EIO && errno == EIO, what);
+  };
+  auto null_eio = [&](const void* obj, const char* what) {
+    check(obj == nullptr && errno == EIO, what);
+  };
+  ibv_device_attr da;
+  eio(ibv_query_device(p.ctx, &da), "query_device on the parent's context: not EIO");
+  ibv_device_attr_ex dax;
+  eio(ibv_query_device_ex(p.ctx, nullptr, &dax), "query_device_ex: not EIO");
+  ibv_port_attr pa;
+  eio(ibv_query_port(p.ctx, 1, &pa), "query_port: not EIO");
+  ibv_gid g;
+  errno = 0;
+  check(ibv_query_gid(p.ctx, 1, 0, &g) == -1 && errno == EIO, "query_gid: not -1/EIO");
+  __be16 pkey;
+  errno = 0;
+  check(ibv_query_pkey(p.ctx, 1, 0, &pkey) == -1 && errno == EIO, "query_pkey: not -1/EIO");
+  ibv_gid_entry ge;
+  eio(ibv_query_gid_ex(p.ctx, 1, 0, &ge, 0), "query_gid_ex: not EIO");
+  ibv_qp_attr qa;
+  ibv_qp_init_attr qia;
+  eio(ibv_query_qp(p.qp, &qa, IBV_QP_STATE, &qia), "query_qp: not EIO");
+  null_eio(ibv_alloc_pd(p.ctx), "alloc_pd on the parent's context");
+  null_eio(ibv_create_cq(p.ctx, 4, nullptr, nullptr, 0), "create_cq on the parent's context");
+  null_eio(ibv_create_comp_channel(p.ctx), "create_comp_channel on the parent's context");
+  ibv_qp_init_attr ia{};
+  ia.send_cq = p.cq;
+  ia.recv_cq = p.cq;
+  ia.cap.max_send_wr = 1;
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.qp_type = IBV_QPT_RC;
+  null_eio(ibv_create_qp(p.pd, &ia), "create_qp on the parent's PD");
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  null_eio(ibv_create_srq(p.pd, &sa), "create_srq on the parent's PD");
+  char local[64];
+  null_eio(ibv_reg_mr(p.pd, local, sizeof local, IBV_ACCESS_LOCAL_WRITE),
+           "reg_mr on the parent's PD");
+  null_eio(ibv_alloc_mw(p.pd, IBV_MW_TYPE_1), "alloc_mw on the parent's PD");
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.port_num = 1;
+  ibv_query_gid(p.ctx, 1, 0, &aa.grh.dgid);
+  null_eio(ibv_create_ah(p.pd, &aa), "create_ah on the parent's PD");
+  ibv_mw_bind bind{};
+  bind.wr_id = 1;
+  bind.bind_info.mr = p.mr;
+  bind.bind_info.addr = reinterpret_cast<uintptr_t>(p.mr->addr);
+  bind.bind_info.length = 8;
+  bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+  eio(ibv_bind_mw(p.qp, p.mw, &bind), "bind_mw on the parent's QP: not EIO");
+  eio(ibv_resize_cq(p.cq, 32), "resize_cq: not EIO");
+  eio(ibv_destroy_ah(p.ah), "destroy_ah of the parent's AH: not EIO");
+  eio(ibv_dealloc_mw(p.mw), "dealloc_mw of the parent's MW: not EIO");
+  ibv_cq* ecq = nullptr;
+  void* ectx = nullptr;
+  errno = 0;
+  check(ibv_get_cq_event(p.channel, &ecq, &ectx) == -1 && errno == EIO,
+        "get_cq_event on the parent's channel: not -1/EIO");
+  ibv_async_event ev;
+  errno = 0;
+  check(ibv_get_async_event(p.ctx, &ev) == -1 && errno == EIO,
+        "get_async_event on the parent's context: not -1/EIO");
+  eio(ibv_destroy_comp_channel(p.channel), "destroy_comp_channel: not EIO");
+}
+
+int child_main(const Inherited& p, const ibv_gid& pgid) {
+  ibv_context* pctx = p.ctx;
+  ibv_cq* pcq = p.cq;
+  ibv_qp* pqp = p.qp;
+  ibv_mr* pmr = p.mr;
   alarm(20);
   int fails = 0;
   auto check = [&](bool ok, const char* what) {
@@ -67,6 +158,7 @@ int child_main(ibv_context* pctx, ibv_cq* pcq, ibv_qp* pqp, ibv_mr* pmr, const i
   qa.qp_state = IBV_QPS_ERR;
   check(ibv_modify_qp(pqp, &qa, IBV_QP_STATE) == EIO, "modify_qp on the parent's QP: not EIO");
   check(ibv_destroy_qp(pqp) == EIO, "destroy_qp on the parent's QP: not EIO");
+  check_control_verbs(p, check);
   check(ibv_close_device(pctx) == 0, "close_device of the inherited context");
 
   // A device of the child's own: a new engine on a new address, usable end to end.
@@ -125,6 +217,18 @@ TEST(Fork, ChildCannotStealParentTraffic) {
   ASSERT_EQ(ibv_query_gid(ctx, 1, 0, &gid), 0);
   connect(qp[0], qp[1]->qp_num, gid);
   connect(qp[1], qp[0]->qp_num, gid);
+  // Objects only the child's control-verb checks use (the parent destroys them at the end:
+  // the child's EIO must have left them intact).
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.port_num = 1;
+  aa.grh.dgid = gid;
+  ibv_ah* ah = ibv_create_ah(pd, &aa);
+  ASSERT_NE(ah, nullptr);
+  ibv_mw* mw = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+  ASSERT_NE(mw, nullptr);
+  ibv_comp_channel* channel = ibv_create_comp_channel(ctx);
+  ASSERT_NE(channel, nullptr);
 
   auto post_recv = [&](int i) {
     ibv_sge s{reinterpret_cast<uintptr_t>(buf[i].data() + kMsg), kMsg, mr[i]->lkey};
@@ -186,7 +290,7 @@ TEST(Fork, ChildCannotStealParentTraffic) {
       std::fflush(nullptr);
       child = fork();
       ASSERT_GE(child, 0);
-      if (child == 0) _exit(child_main(ctx, cq[0], qp[0], mr[0], gid));
+      if (child == 0) _exit(child_main({ctx, pd, cq[0], qp[0], mr[0], ah, mw, channel}, gid));
     }
     ASSERT_EQ(send(from, round), 0) << "round " << round;
     ASSERT_TRUE(wait(from, round)) << "round " << round;
@@ -203,6 +307,9 @@ TEST(Fork, ChildCannotStealParentTraffic) {
     EXPECT_EQ(ibv_dereg_mr(mr[i]), 0);
     EXPECT_EQ(ibv_destroy_cq(cq[i]), 0);
   }
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
   EXPECT_EQ(ibv_close_device(ctx), 0);
 }
