@@ -249,6 +249,7 @@ void Device::close() {
       mr->state_ = MrState::kInvalid;
     }
     mr->gate_.close_and_drain();
+    release_pin(*mr);
   }
   mws_.clear();
   keys_.clear();
@@ -365,6 +366,16 @@ Status Device::destroy_ah(const std::shared_ptr<Ah>& ah) {
 
 // ---------------------------------------------------------------- MR
 
+// After the gate drained: no access uses the device view any more, and the application may
+// unmap the buffer as soon as dereg returns (its private pages are given back here, pin.h).
+void Device::release_pin(Mr& mr) {
+  std::shared_ptr<PinnedRange> pin;
+  {
+    std::unique_lock lk(mr.mu_);
+    pin = std::move(mr.pin_);
+  }
+}
+
 Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
                                            uint64_t length, uint64_t iova, uint32_t access) {
   if (!pd || &pd->device() != this) return Errc::kInval;
@@ -374,7 +385,8 @@ Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64
   // The kernel's pin: unmapped / PROT_NONE / read-only-for-write -> EFAULT (mr.h).
   if (Status st = check_mr_range(addr, length, access, attr_.max_mr_size); !st) return st;
   mem_->prepare();  // the fault guard is in place before any rkey can be used
-  auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange);
+  auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange,
+                                 pin_range(addr, length, cfg_.pin));
   Result<uint32_t> h = mrs_.insert_next(mr);
   if (!h) return h.error();
   mr->handle_ = *h;
@@ -410,6 +422,10 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
     if (Status st = check_mr_range(a, n, acc, attr_.max_mr_size); !st) return st;
   }
   std::shared_ptr<Pd> old_pd;
+  // A new range is pinned before the switch; the old pin is released after it (declared
+  // before `closed`: released once the gate has reopened and no access uses the old view).
+  std::shared_ptr<PinnedRange> pin;
+  if (flags & kReregChangeTranslation) pin = pin_range(addr, length, cfg_.pin);
   // Accesses in flight through the old translation/rights finish first (issue 10 item 3);
   // accesses arriving meanwhile are refused (the MR is in transition).
   GateClosed closed{mr->gate_};
@@ -417,6 +433,7 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;
     if (flags & kReregChangeTranslation) {
+      std::swap(mr->pin_, pin);
       mr->host_addr_ = addr;
       mr->iova_ = addr;
       mr->length_ = length;
@@ -448,6 +465,7 @@ Status Device::dereg_mr(const std::shared_ptr<Mr>& mr) {
   // Wait for the accesses in flight; the gate stays closed, so none starts afterwards and
   // the application may unmap the buffer as soon as we return (issue 10 item 3).
   mr->gate_.close_and_drain();
+  release_pin(*mr);
   (void)keys_.remove(mr->lkey());
   mrs_.erase(mr->handle());
   mr->pd()->drop_user();

@@ -41,6 +41,9 @@ struct DeviceConfig {
   // Node GUID (host order); 0 = derived per process (Device::open). EUI-64 bits are forced.
   uint64_t node_guid = 0;
   ErrorsMode errors = ErrorsMode::kSpec;  // local-error statuses (mr.h)
+  // How registered pages are held (pin.h; SOFTRNIC_PIN): kShadow gives the device its own view
+  // of them, so memory mapped later at a registered address is never served.
+  PinMode pin = PinMode::kShadow;
   // Limits override (0 = param.h default); tests use small values to hit ENOMEM.
   uint32_t max_mr = 0;
   uint32_t max_qp = 0;
@@ -261,6 +264,7 @@ class Device : public std::enable_shared_from_this<Device> {
   static uint64_t now_ns();
 
  private:
+  static void release_pin(Mr& mr);  // dereg_mr, close: drop the MR's pin (pin.h)
   explicit Device(const DeviceConfig& cfg);
   friend class Cq;
   friend class Qp;

@@ -4,10 +4,13 @@
 // tests/bench/mem_access_bench.cc for the numbers).
 #include "emu/objects/memory.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -112,7 +115,40 @@ void chain(int sig, siginfo_t* si, void* uc) {
   if (si == nullptr || si->si_code <= 0) raise(sig);
 }
 
+// The write freeze (memory.h): g_fz_seq is odd while [g_fz_lo, g_fz_hi) is frozen; the window
+// of the last freeze stays readable after it ends (a late handler retries once).
+std::atomic<uint32_t> g_fz_seq{0};
+std::atomic<uintptr_t> g_fz_lo{0}, g_fz_hi{0};
+std::atomic<long> g_fz_owner{0};  // the freezing thread's tid: its own faults are not waited for
+thread_local uintptr_t tl_retried = 0;  // the address this thread last retried after a freeze
+
+// true: the fault was a write into a (recently) frozen range; return and retry it.
+bool freeze_retry(uintptr_t a) {
+  const uint32_t seq = g_fz_seq.load(std::memory_order_acquire);
+  if (a < g_fz_lo.load(std::memory_order_relaxed) || a >= g_fz_hi.load(std::memory_order_relaxed))
+    return false;
+  if (seq & 1) {
+    if (syscall(SYS_gettid) == g_fz_owner.load(std::memory_order_relaxed)) return false;
+    // Wait (async-signal-safe: futex, bounded sleeps) until the move is done.
+    struct timespec ms {0, 1000000};
+    while (g_fz_seq.load(std::memory_order_acquire) == seq)
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_fz_seq), FUTEX_WAIT_PRIVATE, seq, &ms,
+              nullptr, 0);
+    tl_retried = a;
+    return true;
+  }
+  if (tl_retried == a) {  // retried once already and it faults again: a real fault
+    tl_retried = 0;
+    return false;
+  }
+  tl_retried = a;
+  return true;
+}
+
 void on_fault(int sig, siginfo_t* si, void* uc) {
+  if (sig == SIGSEGV && si != nullptr && si->si_code == SEGV_ACCERR &&
+      freeze_retry(reinterpret_cast<uintptr_t>(si->si_addr)))
+    return;
   Frame* f = tl_frame;
   if (f != nullptr && si != nullptr && si->si_code > 0) {
     const auto a = reinterpret_cast<uintptr_t>(si->si_addr);
@@ -212,6 +248,21 @@ bool pvm_copy(bool to_registered, const MemSeg* segs, size_t n) {
 }
 
 }  // namespace
+
+bool write_freeze_begin(uint64_t lo, uint64_t hi) {
+  if (!ensure_guard()) return false;
+  g_fz_lo.store(static_cast<uintptr_t>(lo), std::memory_order_relaxed);
+  g_fz_hi.store(static_cast<uintptr_t>(hi), std::memory_order_relaxed);
+  g_fz_owner.store(syscall(SYS_gettid), std::memory_order_relaxed);
+  g_fz_seq.fetch_add(1, std::memory_order_acq_rel);  // odd: frozen
+  return true;
+}
+
+void write_freeze_end() {
+  g_fz_seq.fetch_add(1, std::memory_order_acq_rel);  // even: done
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_fz_seq), FUTEX_WAKE_PRIVATE, INT32_MAX,
+          nullptr, nullptr, 0);
+}
 
 // ---------------------------------------------------------------- SafeMemAccess
 

@@ -107,4 +107,13 @@ class SafeMemAccess final : public MemAccess {
   std::atomic<uint64_t> faults_{0};
 };
 
+// The write freeze pin.cc holds while it moves registered pages to a memfd (pin.h): between
+// begin and end, a write fault (SEGV_ACCERR) inside [lo, hi) makes the faulting thread wait in
+// the fault handler until end() and retry the instruction, instead of a crash or a lost
+// write. A fault that was raised during the freeze but handled after end() is retried once.
+// One freeze at a time (the caller serialises). begin() returns false, freezing nothing, if
+// the process-wide fault handler cannot be ours.
+bool write_freeze_begin(uint64_t lo, uint64_t hi);
+void write_freeze_end();
+
 }  // namespace rnic::emu

@@ -123,9 +123,9 @@ void AccessGuard::reset() {
 // ---------------------------------------------------------------- Mr
 
 Mr::Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,
-       uint32_t access)
+       uint32_t access, std::shared_ptr<PinnedRange> pin)
     : dev_(&dev), pd_(std::move(pd)), host_addr_(host_addr), length_(length), iova_(iova),
-      access_(access) {}
+      access_(access), pin_(std::move(pin)) {}
 
 Mr::~Mr() = default;
 
@@ -134,12 +134,18 @@ MrView Mr::view() const {
   MrView v;
   v.pd = pd_.get();
   v.host_addr = host_addr_;
+  v.dev_addr = pin_ ? pin_->dev_addr(host_addr_) : host_addr_;
   v.iova = iova_;
   v.length = length_;
   v.access = access_;
   v.key = key_.load(std::memory_order_relaxed);
   v.state = state_;
   return v;
+}
+
+bool Mr::shadowed() const {
+  std::shared_lock lk(mu_);
+  return pin_ && pin_->shadowed();
 }
 
 std::shared_ptr<Pd> Mr::pd() const {

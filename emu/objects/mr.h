@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "emu/objects/pd.h"
+#include "emu/objects/pin.h"
 #include "emu/objects/status.h"
 #include "emu/objects/types.h"
 #include "emu/objects/wqe.h"
@@ -84,6 +85,8 @@ enum class MrState : uint8_t { kInvalid = 0, kFree = 1, kValid = 2 };
 struct MrView {
   const Pd* pd = nullptr;  // identity only (compare); never dereference
   uint64_t host_addr = 0;  // process address of byte 0 (ibv_mr::addr)
+  uint64_t dev_addr = 0;   // where the device reaches byte 0: its view of the pinned pages
+                           // (pin.h), == host_addr for a direct pin
   uint64_t iova = 0;       // I/O virtual address of byte 0 (== host_addr for ibv_reg_mr)
   uint64_t length = 0;
   uint32_t access = 0;     // kAccess* bits
@@ -94,8 +97,8 @@ struct MrView {
   bool in_range(uint64_t va, uint64_t len) const {
     return va >= iova && len <= length && va - iova <= length - len;
   }
-  // REQUIRES: in_range(va, ...).
-  uint64_t translate(uint64_t va) const { return host_addr + (va - iova); }
+  // The address the engine copies to/from (the device view). REQUIRES: in_range(va, ...).
+  uint64_t translate(uint64_t va) const { return dev_addr + (va - iova); }
 };
 
 // A memory region. Created by Device::reg_mr; the key table holds it by key.
@@ -104,7 +107,7 @@ struct MrView {
 class Mr {
  public:
   Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,
-     uint32_t access);
+     uint32_t access, std::shared_ptr<PinnedRange> pin);
   ~Mr();
 
   // Device-wide registration handle (ibv_mr::handle); stable across rereg.
@@ -119,6 +122,8 @@ class Mr {
   uint32_t access() const { return view().access; }
   // Number of memory windows currently bound to this MR (dereg/rereg refuse while > 0).
   uint32_t bound_mws() const { return bound_mws_.load(); }
+  // Whether the device reaches this MR through its own view of the pinned pages (pin.h).
+  bool shadowed() const;
   // Accesses in flight through this MR (AccessGate).
   AccessGate& gate() const { return gate_; }
 
@@ -133,6 +138,7 @@ class Mr {
   std::shared_ptr<Pd> pd_;
   uint64_t host_addr_, length_, iova_;
   uint32_t access_;
+  std::shared_ptr<PinnedRange> pin_;  // null once deregistered
   MrState state_ = MrState::kValid;
   std::atomic<uint32_t> key_{0};
   std::atomic<uint32_t> bound_mws_{0};

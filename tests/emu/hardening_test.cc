@@ -157,9 +157,13 @@ TEST_F(Hardening, RetransPktsCountsTimeoutRetransmit) {
   EXPECT_EQ(cctr(Ctr::kRetransPkts), 2u);
 }
 
-std::shared_ptr<HookedMem> hook_target(Node& n, GuardedBuf& b, std::function<void()> fn) {
+// The hook watches the addresses the engine copies to: the device's view of b's pinned pages
+// (emu/objects/pin.h), taken from the MR registered over b.
+std::shared_ptr<HookedMem> hook_target(Node& n, GuardedBuf& b, const std::shared_ptr<Mr>& mr,
+                                       std::function<void()> fn) {
   auto hm = std::make_shared<HookedMem>();
-  hm->lo = reinterpret_cast<uint64_t>(b.data());
+  const MrView v = mr->view();
+  hm->lo = v.dev_addr + (reinterpret_cast<uint64_t>(b.data()) - v.host_addr);
   hm->hi = hm->lo + b.n;
   hm->hook = std::move(fn);
   n.dev->set_mem(hm);
@@ -171,7 +175,7 @@ std::shared_ptr<HookedMem> hook_target(Node& n, GuardedBuf& b, std::function<voi
 // ERR), packets after it change nothing; C: REM_ACCESS_ERR.
 TEST_F(Hardening, S19_DeregMidMultiPacketWriteStopsTheRest) {
   const auto before = std::vector<uint8_t>(tbuf.mem.begin(), tbuf.mem.end());
-  auto hm = hook_target(s, tbuf, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
+  auto hm = hook_target(s, tbuf, mt, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
   hm->fire_write = 4;
   ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
   run();
@@ -193,7 +197,7 @@ TEST_F(Hardening, S19_DeregMidMultiPacketWriteStopsTheRest) {
 // Response 6 fails its rkey re-check (NAK 0x62, S -> ERR), responses 6.. are never sent, C
 // gets REM_ACCESS_ERR and holds no byte from after the invalidation point.
 TEST_F(Hardening, S19_DeregMidReadStopsResponses) {
-  auto hm = hook_target(s, tbuf, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
+  auto hm = hook_target(s, tbuf, mt, [&] { EXPECT_TRUE(s.dev->dereg_mr(mt).is_ok()); });
   hm->fire_read = 5;
   int resp = 0;
   cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {

@@ -307,12 +307,14 @@ TEST(MemorySafety, DeregWaitsForLocalGuard) {
 
 // A forged RDMA WRITE (correct ICRC, sent from a second socket on the peer's IP) into an MR
 // whose page was made read-only after registration: the host survives, nothing changes, the
-// packet is answered with a remote-access NAK and the fault is counted.
+// packet is answered with a remote-access NAK and the fault is counted. With a direct pin
+// (SOFTRNIC_PIN=direct) the engine touches the application's own mapping, so this is the
+// fault path; a shadow pin keeps writing the pinned pages, as a NIC's DMA does.
 TEST(MemorySafety, ForgedWriteIntoReadOnlyPageIsNakedNotFatal) {
   const char* c_ip = "127.31.77.1";
   const char* s_ip = "127.31.77.2";
-  test::Node c = test::Node::on_udp(c_ip);
-  test::Node s = test::Node::on_udp(s_ip);
+  test::Node c = test::Node::on_udp(c_ip, true, PinMode::kDirect);
+  test::Node s = test::Node::on_udp(s_ip, true, PinMode::kDirect);
   ASSERT_TRUE(c.eng && s.eng);
   auto qc = c.qp(QpType::kRc);
   auto qs = s.qp(QpType::kRc);

@@ -21,6 +21,19 @@ class Protection : public ::testing::Test {
   Env env;
   alignas(64) uint8_t buf[4096] = {};
   uint64_t base() const { return reinterpret_cast<uint64_t>(buf); }
+  // Whether the engine's address `dev` (a translation result) reaches the application's byte
+  // at `host`: the same page offset in the device's view of the pinned pages (pin.h), and a
+  // store through one is seen through the other.
+  bool reaches(uint64_t dev, uint64_t host) {
+    if ((dev & 4095) != (host & 4095)) return false;
+    auto* h = reinterpret_cast<volatile uint8_t*>(host);
+    auto* d = reinterpret_cast<volatile uint8_t*>(dev);
+    const uint8_t old = *h;
+    *h = static_cast<uint8_t>(old + 1);
+    const bool same = *d == static_cast<uint8_t>(old + 1);
+    *h = old;
+    return same;
+  }
   std::shared_ptr<Mr> reg(uint32_t access, const std::shared_ptr<Pd>& pd = nullptr,
                           uint64_t iova = 0) {
     auto r = env.dev->reg_mr(pd ? pd : env.pd, base(), sizeof(buf), iova ? iova : base(),
@@ -58,7 +71,7 @@ TEST_F(Protection, S09_ValidSgeTranslates) {
   uint64_t host = 0;
   EXPECT_EQ(local({0x10000 + 100, 50, mr->lkey()}, true, nullptr, ErrorsMode::kSpec, &host),
             WcStatus::kSuccess);
-  EXPECT_EQ(host, base() + 100);
+  EXPECT_TRUE(reaches(host, base() + 100));
   EXPECT_EQ(local({0x10000, sizeof(buf), mr->lkey()}, true), WcStatus::kSuccess);
 }
 
@@ -121,7 +134,7 @@ TEST_F(Protection, Remote_ValidWriteTranslates) {
   RemoteTarget t;
   EXPECT_EQ(remote(mr->rkey(), 0x7000000 + 16, 32, kAccessRemoteWrite, 0x100, nullptr, &t),
             RkeyResult::kOk);
-  EXPECT_EQ(t.host_addr, base() + 16);
+  EXPECT_TRUE(reaches(t.host_addr, base() + 16));
   EXPECT_EQ(t.mr, mr);
 }
 
@@ -267,7 +280,7 @@ TEST_F(Protection, MwType2BindWriteAndIncRkey) {
   RemoteTarget t;
   EXPECT_EQ(remote(nk, base() + 64, 128, kAccessRemoteWrite, 0x100, nullptr, &t),
             RkeyResult::kOk);
-  EXPECT_EQ(t.host_addr, base() + 64);
+  EXPECT_TRUE(reaches(t.host_addr, base() + 64));
   EXPECT_EQ(remote(nk, base() + 63, 8, kAccessRemoteWrite), RkeyResult::kOutOfRange);
   EXPECT_EQ(remote(nk, base() + 64, 8, kAccessRemoteRead), RkeyResult::kAccessDenied);
 }
@@ -281,7 +294,7 @@ TEST_F(Protection, MwZeroBasedWindowOffsets) {
             WcStatus::kSuccess);
   RemoteTarget t;
   EXPECT_EQ(remote(nk, 8, 16, kAccessRemoteRead, 0x100, nullptr, &t), RkeyResult::kOk);
-  EXPECT_EQ(t.host_addr, base() + 256 + 8);
+  EXPECT_TRUE(reaches(t.host_addr, base() + 256 + 8));
   EXPECT_EQ(remote(nk, 60, 8, kAccessRemoteRead), RkeyResult::kOutOfRange);
 }
 

@@ -65,8 +65,8 @@ struct Node {
     return n;
   }
   // Engine on real UDP (ip:4791), progress thread on.
-  static Node on_udp(const char* ip, bool thread = true) {
-    Node n = make_dev(ip, ErrorsMode::kSpec);
+  static Node on_udp(const char* ip, bool thread = true, PinMode pin = PinMode::kShadow) {
+    Node n = make_dev(ip, ErrorsMode::kSpec, pin);
     EngineConfig ec;
     ec.progress_thread = thread;
     auto e = Engine::start(n.dev, ec);
@@ -90,7 +90,7 @@ struct Node {
     ADD_FAILURE() << "no free loopback address for a device";
     return Node{};
   }
-  static Node make_dev(const char* ip, ErrorsMode errors) {
+  static Node make_dev(const char* ip, ErrorsMode errors, PinMode pin = PinMode::kShadow) {
     Node n;
     n.ip = ip;
     DeviceConfig cfg;
@@ -98,6 +98,7 @@ struct Node {
     cfg.name = std::string("t_") + ip;
     cfg.netdev_mtu = 65536;
     cfg.errors = errors;
+    cfg.pin = pin;
     auto d = Device::open(cfg);
     EXPECT_TRUE(d.has_value());
     n.dev = *d;

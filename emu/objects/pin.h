@@ -1,0 +1,75 @@
+// emu/objects/pin.h: the device's hold on registered pages ("shadow pinning", issue 10 item 2).
+//
+// A NIC pins the physical pages behind an MR and DMAs to them: if the application later frees
+// the buffer and new memory appears at the same address, the NIC still sees the old pages,
+// never the new mapping. In user space we get the same by making the pages shareable and
+// giving the device a second mapping of them:
+//   - registration moves each private page range of the MR (anonymous, heap, stack, private
+//     file mapping) into a memfd: copy the bytes, then mmap the memfd MAP_SHARED|MAP_FIXED over
+//     the same addresses with the same protections. The application keeps its addresses and
+//     bytes; its pages are now the memfd's.
+//   - the device maps the same memfd a second time at an address of its own (the "device
+//     view", MADV_DONTFORK) and every engine access to the MR goes through that view
+//     (MrView::translate returns view addresses). It is still one memcpy per access.
+//   - when the application munmaps, or mmaps MAP_FIXED over the range, only its own mapping
+//     goes: the device view keeps the old pages until deregistration. A READ with the old rkey
+//     returns the old bytes, never the new memory.
+//   - a range that is already MAP_SHARED (memfd, shm, a file) is mapped a second time from the
+//     same object (/proc/self/map_files; needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE). If it
+//     cannot be opened, or a mapping is special ([vdso], hugetlb, a device), the whole MR keeps
+//     direct access to the application's addresses (PinnedRange::shadowed() false; the
+//     README says so).
+//   - overlapping registrations share the moved pages: each moved range is a refcounted piece;
+//     the last deregistration of a piece gives the application private anonymous pages again
+//     (copy + mremap), so THP, fork and MADV_DONTNEED behave as before registration.
+// Races and costs (README "Security"):
+//   - the copy is made under a write freeze: the range is made read-only, an application thread
+//     that writes to it meanwhile faults, waits in the fault handler until the move is done and
+//     retries (memory.h). A system call writing into the range during the move (read(2) into a
+//     buffer being registered by another thread) gets EFAULT instead.
+//   - fork: the device view is not inherited; the child's copy of a moved range is made private
+//     in the child (as the kernel copies pinned pages at fork), taken right after fork.
+//   - moved ranges lose transparent huge pages and mlock() while registered.
+//   - registration and deregistration copy the range once each (tests/bench/pin_bench.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace rnic::emu {
+
+// SOFTRNIC_PIN: kShadow (default) as above; kDirect: the device accesses the application's
+// addresses (a freed-and-remapped range is served with its new contents).
+enum class PinMode : uint8_t { kShadow = 0, kDirect = 1 };
+
+class PinnedRange {
+ public:
+  PinnedRange(const PinnedRange&) = delete;
+  PinnedRange& operator=(const PinnedRange&) = delete;
+  ~PinnedRange();  // unmaps the device view and releases the pieces
+
+  // The device address of host address `a` (REQUIRES: inside the pinned pages).
+  uint64_t dev_addr(uint64_t a) const { return a - host_lo_ + dev_lo_; }
+  // Whether the device has its own view (false: direct access, dev_addr(a) == a).
+  bool shadowed() const { return view_ != 0; }
+
+ private:
+  friend std::shared_ptr<PinnedRange> pin_range(uint64_t, uint64_t, PinMode);
+  PinnedRange() = default;
+  uint64_t host_lo_ = 0, size_ = 0;
+  uint64_t dev_lo_ = 0;   // == host_lo_ when direct
+  uint64_t view_ = 0;     // the device view's mapping (0: none)
+  uint64_t fork_gen_ = 0; // a forked child never unmaps or restores the parent's objects
+  std::vector<uint64_t> pieces_;  // host start of every piece this range holds a ref on
+};
+
+// Pins the pages of [addr, addr+len) (REQUIRES: check_mr_range accepted it). Never fails: when
+// the range cannot be shadowed (or mode is kDirect) the result is a direct pin. nullptr only
+// for len == 0.
+std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode);
+
+// Moved pieces alive in this process (tests).
+size_t pinned_pieces();
+
+}  // namespace rnic::emu
