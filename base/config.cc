@@ -41,6 +41,13 @@ const VarDecl kVars[] = {
              "loopback interface, where a batch is never cut (docs/wire.md §4)",
      .reader = "shim", .choices = "auto,on/1/yes,off/0/no",
      .store = [](Config* c, const VarValue& v) { c->gso = static_cast<GsoMode>(v.u); }},
+    {.name = "SOFTRNIC_PIN", .type = VarType::kEnum, .default_text = "`shadow`",
+     .values = "`shadow`, `direct`",
+     .help = "shadow: the device keeps its own mapping of registered pages, so memory mapped "
+             "later at a registered address is never served to an old rkey (emu/objects/pin.h); "
+             "direct: the device reads and writes the application's addresses",
+     .reader = "shim", .choices = "shadow,direct",
+     .store = [](Config* c, const VarValue& v) { c->pin = static_cast<PinMode>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

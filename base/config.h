@@ -48,12 +48,16 @@ enum class ControlSocket : uint8_t { kOn = 0, kOff, kRequired };
 // SOFTRNIC_GSO: whether the engine sends UDP GSO batches (verbs_shim/host.cc decides kAuto).
 enum class GsoMode : uint8_t { kAuto = 0, kOn, kOff };
 
+// SOFTRNIC_PIN: how registered pages are held (emu/objects/pin.h; the shim maps it).
+enum class PinMode : uint8_t { kShadow = 0, kDirect };
+
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
   std::string name = "softrnic0";            // SOFTRNIC_NAME (shim)
   std::optional<uint32_t> ip;                // SOFTRNIC_IP, network byte order (shim)
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
+  PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

@@ -151,6 +151,7 @@ int start_device(Host* h) {
   // device gets its own; the listed device reports the same value from now on.
   dc.node_guid = device_guid(dc.name);
   h->dev_entry_->node_guid_be_ = htobe64(dc.node_guid);
+  dc.pin = h->cfg_.pin == base::PinMode::kDirect ? emu::PinMode::kDirect : emu::PinMode::kShadow;
   auto r = emu::Device::open(dc);
   if (!r.has_value()) {
     RNIC_LOG(kError, "cannot open device %s on %s: %s", dc.name.c_str(), dc.ip.c_str(),
