@@ -240,6 +240,36 @@ TEST(Pin, ForkedChildGetsPrivateCopy) {
   munmap(buf, 2 * kPage);
 }
 
+// An already-shared range (MAP_SHARED anonymous: shmem) is mapped a second time from the same
+// object through /proc/self/map_files (CAP_SYS_ADMIN); without it the MR stays direct (skip).
+TEST(Pin, SharedMappingIsReopenedWhenPermitted) {
+  DeviceConfig cfg;
+  cfg.ip = "127.0.0.1";
+  cfg.netdev_mtu = 1500;
+  auto dev = *Device::open(cfg);
+  auto pd = *dev->alloc_pd();
+  void* p = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto* buf = static_cast<uint8_t*>(p);
+  std::memset(buf, 0x11, 2 * kPage);
+  const auto a = reinterpret_cast<uint64_t>(buf);
+  auto mr = *dev->reg_mr(pd, a, 2 * kPage, a, kAccessLocalWrite | kAccessRemoteRead);
+  if (!mr->shadowed()) {
+    EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
+    munmap(p, 2 * kPage);
+    GTEST_SKIP() << "/proc/self/map_files not openable (no CAP_SYS_ADMIN): the MR is direct";
+  }
+  buf[3] = 0x12;  // shared with the device view
+  ASSERT_EQ(map_pages(2, 0x22, buf, MAP_FIXED), buf);
+  uint8_t v[4] = {};
+  ASSERT_TRUE(dev->mem().read(mr->view().translate(a), v, 4));
+  EXPECT_EQ(v[0], 0x11);
+  EXPECT_EQ(v[3], 0x12);
+  EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
+  EXPECT_EQ(buf[0], 0x22);
+  munmap(buf, 2 * kPage);
+}
+
 // The escape hatch (SOFTRNIC_PIN=direct): the device reads the application's addresses, so
 // the remapped memory is what the old rkey serves. Kept to show the difference is the pin.
 TEST(Pin, DirectPinServesWhateverIsMappedNow) {
