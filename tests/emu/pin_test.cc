@@ -14,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "emu/objects/device.h"
 #include "emu/objects/pin.h"
@@ -43,6 +44,16 @@ bool maps_show_pin(const void* p, size_t len) {
     if (l.find("softrnic-pin") != std::string::npos) return true;
   }
   return false;
+}
+
+// A device without an engine: registration and the memory path only.
+std::pair<std::shared_ptr<Device>, std::shared_ptr<Pd>> local_device() {
+  DeviceConfig cfg;
+  cfg.ip = "127.0.0.1";
+  cfg.netdev_mtu = 1500;
+  auto dev = *Device::open(cfg);
+  auto pd = *dev->alloc_pd();
+  return {dev, pd};
 }
 
 struct Pair {
@@ -117,11 +128,7 @@ TEST(Pin, MapFixedOverRegisteredBufferServesOldBytesToOldRkey) {
 // The two registrations share the moved pages: writes of the application after registration
 // reach both, dereg of one keeps the other's pages, the last dereg gives private pages back.
 TEST(Pin, OverlappingRegistrationsShareAndLastDeregRestores) {
-  DeviceConfig cfg;
-  cfg.ip = "127.0.0.1";
-  cfg.netdev_mtu = 1500;
-  auto dev = *Device::open(cfg);
-  auto pd = *dev->alloc_pd();
+  auto [dev, pd] = local_device();
   uint8_t* buf = map_pages(3, 0x40);
   const auto a = reinterpret_cast<uint64_t>(buf);
   constexpr uint32_t kRw = kAccessLocalWrite | kAccessRemoteRead;
@@ -154,11 +161,7 @@ TEST(Pin, OverlappingRegistrationsShareAndLastDeregRestores) {
 // An application thread keeps incrementing counters in the page while another registers and
 // deregisters it 200 times: the moves (registration) and the returns (dereg) lose no store.
 TEST(Pin, WritesDuringRegistrationAreNotLost) {
-  DeviceConfig cfg;
-  cfg.ip = "127.0.0.1";
-  cfg.netdev_mtu = 1500;
-  auto dev = *Device::open(cfg);
-  auto pd = *dev->alloc_pd();
+  auto [dev, pd] = local_device();
   uint8_t* buf = map_pages(2, 0);
   auto* ctr = reinterpret_cast<volatile uint64_t*>(buf + kPage + 512);  // not in the MR
   std::atomic<bool> stop{false};
@@ -196,11 +199,7 @@ uint8_t on_stack(Device& dev, const std::shared_ptr<Pd>& pd) {
 }
 
 TEST(Pin, StackAndGlobalBuffers) {
-  DeviceConfig cfg;
-  cfg.ip = "127.0.0.1";
-  cfg.netdev_mtu = 1500;
-  auto dev = *Device::open(cfg);
-  auto pd = *dev->alloc_pd();
+  auto [dev, pd] = local_device();
   EXPECT_EQ(on_stack(*dev, pd), 99 + 6);
   static uint8_t global[2 * 4096];
   global[10] = 3;
@@ -216,11 +215,7 @@ TEST(Pin, StackAndGlobalBuffers) {
 // fork: the child's stores into a registered buffer never reach the parent (as with pinned
 // pages, which the kernel copies for the child).
 TEST(Pin, ForkedChildGetsPrivateCopy) {
-  DeviceConfig cfg;
-  cfg.ip = "127.0.0.1";
-  cfg.netdev_mtu = 1500;
-  auto dev = *Device::open(cfg);
-  auto pd = *dev->alloc_pd();
+  auto [dev, pd] = local_device();
   uint8_t* buf = map_pages(2, 0x5c);
   const auto a = reinterpret_cast<uint64_t>(buf);
   auto mr = *dev->reg_mr(pd, a, 2 * kPage, a, kAccessLocalWrite);
@@ -243,11 +238,7 @@ TEST(Pin, ForkedChildGetsPrivateCopy) {
 // An already-shared range (MAP_SHARED anonymous: shmem) is mapped a second time from the same
 // object through /proc/self/map_files (CAP_SYS_ADMIN); without it the MR stays direct (skip).
 TEST(Pin, SharedMappingIsReopenedWhenPermitted) {
-  DeviceConfig cfg;
-  cfg.ip = "127.0.0.1";
-  cfg.netdev_mtu = 1500;
-  auto dev = *Device::open(cfg);
-  auto pd = *dev->alloc_pd();
+  auto [dev, pd] = local_device();
   void* p = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(p, MAP_FAILED);
   auto* buf = static_cast<uint8_t*>(p);
