@@ -17,6 +17,33 @@ sockaddr* copy_sa(const sockaddr* sa, socklen_t len) {
   return out;
 }
 
+// No node and no service: the result is the hints' own addresses and fields, unresolved, as
+// the real library gives (libfabric's verbs provider asks so with a peer's address in
+// ai_dst_addr when it connects to an endpoint name).
+int from_hints(const rdma_addrinfo& h, rdma_addrinfo** res) {
+  auto* ai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (ai == nullptr) return fail(ENOMEM);
+  ai->ai_flags = h.ai_flags;
+  ai->ai_family = h.ai_family;
+  ai->ai_qp_type = h.ai_qp_type;
+  ai->ai_port_space = h.ai_port_space;
+  bool ok = true;
+  if (h.ai_dst_addr != nullptr && h.ai_dst_len > 0) {
+    ok = (ai->ai_dst_addr = copy_sa(h.ai_dst_addr, h.ai_dst_len)) != nullptr;
+    ai->ai_dst_len = h.ai_dst_len;
+  }
+  if (ok && h.ai_src_addr != nullptr && h.ai_src_len > 0) {
+    ok = (ai->ai_src_addr = copy_sa(h.ai_src_addr, h.ai_src_len)) != nullptr;
+    ai->ai_src_len = h.ai_src_len;
+  }
+  if (!ok) {
+    rdma_freeaddrinfo(ai);
+    return fail(ENOMEM);
+  }
+  *res = ai;
+  return 0;
+}
+
 }  // namespace
 
 RDMACM_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo* res) {
@@ -37,8 +64,9 @@ RDMACM_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const 
                                    struct rdma_addrinfo** res) {
   return guard([&]() -> int {
     if (res == nullptr) return fail(EINVAL);
-    if (node == nullptr && service == nullptr) return EAI_NONAME;
+    if (node == nullptr && service == nullptr && hints == nullptr) return EAI_NONAME;
     if (int rc = ucma_init(); rc != 0) return fail(rc);
+    if (node == nullptr && service == nullptr) return from_hints(*hints, res);
     auto* ai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
     if (ai == nullptr) return fail(ENOMEM);
     addrinfo h{};

@@ -83,6 +83,19 @@ int reserve_port(Id* id, uint16_t want) {
   return EADDRINUSE;
 }
 
+// A bind to a loopback address no device has ("localhost": libfabric's verbs provider binds
+// its passive endpoints there when the program names no address, e.g. fi_pingpong's server)
+// when no softrnic device is on 127/8 (its IP is on a veth or eth0, one device per process):
+// the process's first device takes it, and the id reports that device's address, the one a
+// peer on another host can reach. With a device on 127/8, other loopback addresses stay
+// ENODEV (no device), as they are for the kernel. REQUIRES g().mu.
+Device* loopback_stand_in(in_addr ip) {
+  if ((ntohl(ip.s_addr) >> 24) != 127 || g().devs.empty()) return nullptr;
+  for (Device* d : g().devs)
+    if ((ntohl(d->info.ipv4.s_addr) >> 24) == 127) return nullptr;
+  return g().devs.front();
+}
+
 // rdma_bind_addr's work. REQUIRES g().mu.
 int bind_locked(Id* id, const sockaddr* addr) {
   if (id->state != State::kIdle) return EINVAL;
@@ -92,8 +105,15 @@ int bind_locked(Id* id, const sockaddr* addr) {
   in_addr ip{};
   if (!sa_ipv4(addr, &ip)) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;  // IPv6: no device
   Device* d = nullptr;
+  sockaddr_in local{};  // a loopback bind taken by a device off loopback (below)
   if (ip.s_addr != 0) {
     d = device_for_ip(ip);
+    if (d == nullptr && (d = loopback_stand_in(ip)) != nullptr) {
+      local.sin_family = AF_INET;
+      local.sin_port = htons(sa_port(addr));
+      local.sin_addr = d->info.ipv4;
+      addr = reinterpret_cast<const sockaddr*>(&local);
+    }
     if (d == nullptr) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;
   }
   if (int rc = reserve_port(id, sa_port(addr)); rc != 0) return rc;

@@ -8,7 +8,7 @@
 #   fi_pingpong.sh 'verbs;ofi_rxd' rdm    RDM over the verbs DGRAM endpoint
 #   fi_pingpong.sh verbs dgram            the verbs DGRAM endpoint itself (its EQ needs
 #                                         librdmacm's event channel: rdmacm_shim)
-# (FI_EP_MSG and verbs;ofi_rxm need the connection manager on a non-loopback interface.)
+# (FI_EP_MSG and verbs;ofi_rxm need a non-loopback interface: fi_pingpong_net.sh.)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 consumer_init fi_pingpong libfabric-bin

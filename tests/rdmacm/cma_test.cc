@@ -236,6 +236,25 @@ TEST_F(Cma, GetaddrinfoPassiveActiveAndUdp) {
   hints.ai_flags = RAI_NUMERICHOST;
   EXPECT_NE(rdma_getaddrinfo("no-such-host.invalid", "1", &hints, &res), 0);
   EXPECT_EQ(rdma_getaddrinfo(nullptr, nullptr, nullptr, &res), EAI_NONAME);
+  // No node, no service: the hints' addresses come back as given (libfabric's verbs provider
+  // connects to an endpoint name that way).
+  sockaddr_in dst = addr4("192.0.2.7", 4711), src = addr4(my_ip().c_str(), 0);
+  hints = {};
+  hints.ai_port_space = RDMA_PS_TCP;
+  hints.ai_qp_type = IBV_QPT_RC;
+  hints.ai_dst_addr = sa(dst);
+  hints.ai_dst_len = sizeof dst;
+  hints.ai_src_addr = sa(src);
+  hints.ai_src_len = sizeof src;
+  ASSERT_EQ(rdma_getaddrinfo(nullptr, nullptr, &hints, &res), 0);
+  ASSERT_NE(res->ai_dst_addr, nullptr);
+  ASSERT_NE(res->ai_src_addr, nullptr);
+  EXPECT_EQ(std::memcmp(res->ai_dst_addr, &dst, sizeof dst), 0);
+  EXPECT_EQ(std::memcmp(res->ai_src_addr, &src, sizeof src), 0);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_TCP);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_RC);
+  rdma_freeaddrinfo(res);
+  res = nullptr;
 }
 
 TEST_F(Cma, CreateQpInitAndQpAttrBeforeAndAfterTheRoute) {
