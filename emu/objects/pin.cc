@@ -139,8 +139,11 @@ bool movable(const Line& l) {
          p.rfind("/memfd:", 0) != 0;
 }
 
-SafeMemAccess& copier() {  // the application may unmap a range while it is copied
-  static SafeMemAccess* c = new SafeMemAccess();
+// Copies whole pages of the application: the kernel copies (process_vm_readv on our own pid),
+// so a range the application unmaps meanwhile is EFAULT, and bytes of a page outside any
+// allocation are not an ASan report (the page copy is deliberate).
+SafeMemAccess& copier() {
+  static SafeMemAccess* c = new SafeMemAccess(SafeMemAccess::Mode::kProcessVm);
   return *c;
 }
 
@@ -229,8 +232,7 @@ void move_to_private(const Line& l, bool freeze) {
   if (freeze && !write_freeze_begin(l.lo, l.hi)) freeze = false;
   if (freeze && (l.prot & PROT_WRITE))
     mprotect(reinterpret_cast<void*>(l.lo), n, l.prot & ~PROT_WRITE);
-  std::memcpy(tmp, reinterpret_cast<const void*>(l.lo), n);
-  bool moved = mprotect(tmp, n, l.prot) == 0 &&
+  bool moved = copier().read(l.lo, tmp, n) && mprotect(tmp, n, l.prot) == 0 &&
                mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(l.lo)) !=
                    MAP_FAILED;
   if (!moved) {
