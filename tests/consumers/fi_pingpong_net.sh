@@ -3,9 +3,9 @@
 # verbs provider on connected endpoints, which go through rdma_cm (rdmacm_shim/ and the IB CM
 # on the wire, emu/cm). libfabric skips loopback interfaces when it looks for FI_EP_MSG
 # devices, so server and client run in two network namespaces on a bridge (tests/net/topo.sh),
-# each through `scripts/softrnic run` with SOFTRNIC_IP = its namespace's address, every
-# transfer data-checked (-c), fi_pingpong's default sizes (64 B up to 1 MiB). Passes when
-# both exit 0, the client prints a result row per size, its device captured (SOFTRNIC_PCAP)
+# each through `scripts/softrnic run` with SOFTRNIC_IP = its namespace's address, after
+# `fi_info -p PROVIDER` listed the endpoint type on softrnic0; every transfer data-checked
+# (-c), fi_pingpong's default sizes (64 B up to 1 MiB). Passes when both exit 0, the client prints a result row per size, its device captured (SOFTRNIC_PCAP)
 # at least one packet per iteration and (with tshark) CM MADs to QP1 among them.
 #   fi_pingpong_net.sh verbs msg              FI_EP_MSG: an RC QP connected by rdma_cm
 #   fi_pingpong_net.sh 'verbs;ofi_rxm' rdm    RDM over MSG endpoints (FI_UNIVERSE_SIZE=16:
@@ -26,6 +26,12 @@ case "$prov" in *ofi_rxm*) extra=(FI_UNIVERSE_SIZE=16) ;; esac
 topo_up 2 || { echo "FAIL: topo_up"; exit 1; }
 # topo_up's EXIT trap replaced consumer_init's: remove both.
 trap 'topo_down; rm -rf "$work"' EXIT
+# fi_info lists the endpoint type on the device (FI_EP_MSG needs the non-loopback address).
+topo_exec 1 env SOFTRNIC_IP="$(topo_ip 1)" SOFTRNIC_RUNTIME_DIR="$work/rt1" "${extra[@]}" \
+  timeout -k 5 60 "$launch" -- fi_info -p "$prov" -t "FI_EP_${ep^^}" >"$work/info.out" 2>&1
+if ! grep -q "domain: softrnic0\$" "$work/info.out" || ! grep -q "type: FI_EP_${ep^^}" "$work/info.out"; then
+  cat "$work/info.out"; echo "FAIL: fi_info -p '$prov' lists no FI_EP_${ep^^} endpoint on softrnic0"; exit 1
+fi
 topo_exec 1 env SOFTRNIC_IP="$(topo_ip 1)" SOFTRNIC_RUNTIME_DIR="$work/rt1" \
   FI_VERBS_DEVICE_NAME=softrnic0 "${extra[@]}" \
   timeout -k 5 120 "$launch" -- fi_pingpong -p "$prov" -e "$ep" -c -I "$iters" >"$work/s.out" 2>&1 &
