@@ -5,8 +5,9 @@
 # devices, so server and client run in two network namespaces on a bridge (tests/net/topo.sh),
 # each through `scripts/softrnic run` with SOFTRNIC_IP = its namespace's address, after
 # `fi_info -p PROVIDER` listed the endpoint type on softrnic0; every transfer data-checked
-# (-c), fi_pingpong's default sizes (64 B up to 1 MiB). Passes when both exit 0, the client prints a result row per size, its device captured (SOFTRNIC_PCAP)
-# at least one packet per iteration and (with tshark) CM MADs to QP1 among them.
+# (-c), fi_pingpong's default sizes (64 B up to 1 MiB). Passes when both exit 0, the client
+# prints a result row per size, its device captured (SOFTRNIC_PCAP) at least one packet per
+# iteration and (with tshark) CM MADs to QP1 among them.
 #   fi_pingpong_net.sh verbs msg              FI_EP_MSG: an RC QP connected by rdma_cm
 #   fi_pingpong_net.sh 'verbs;ofi_rxm' rdm    RDM over MSG endpoints (FI_UNIVERSE_SIZE=16:
 #                                             rxm sizes its CQ at 1024 x universe, 256 by
