@@ -496,16 +496,11 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
   }
   if (run) {
     comp_retire(e, qp);
-    // Re-arm from this expiry (before the requester runs, so the resent packets do not
-    // restart the timers later), and again if the run sent the first outstanding packet.
-    const auto arm = [&] {
-      if (c.timeout_ns != 0 && !r.rnr_wait && psn_diff(r.max_psn, c.psn) > 0 &&
-          qp.state() == QpState::kRts)
-        comp_arm_retrans(e, qp, now_ns);
-    };
-    arm();
-    req_run(e, qp);
-    arm();
+    req_run(e, qp);  // the resent packet re-arms the timers (send_batch, the clock)
+    // Re-arm even if nothing was sent (the retried packets count as sent).
+    if (c.timeout_ns != 0 && !r.rnr_wait && psn_diff(r.max_psn, c.psn) > 0 &&
+        qp.state() == QpState::kRts)
+      comp_arm_retrans(e, qp, now_ns);
   }
 }
 
