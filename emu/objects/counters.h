@@ -60,7 +60,6 @@ enum class Ctr : uint8_t {
                         // (PSN-sequence NAK, lost response, timeout, probe, CNP)
   kRetransProbes,       // retrans_probes (ours): RTT-based probe timer expiries (the oldest
                         // unacknowledged packet resent; no retry_cnt spent)
-  kCnpSent,             // cnp_sent (ours): CNPs sent for ECN-CE marked requests
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);
