@@ -100,8 +100,8 @@ TEST_F(RecoveryTest, SingleDropInA100PacketWindowResendsFromTheNakPsn) {
 }
 
 // No storm: with the full 512-PSN window in flight, a NAK resends from its PSN only as far as
-// the halved window allows (go-back-N used to resend all 512 at once), and a second NAK for
-// data sent before the cut does not cut again.
+// the halved window allows (go-back-N used to resend all 512 at once), and a second loss
+// halves it again.
 TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
   ASSERT_EQ(sent().size(), kMaxUnackedPsns);
@@ -112,14 +112,14 @@ TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   EXPECT_EQ(out.front().psn(), kSpsn + 10);
   EXPECT_EQ(out.back().psn(), kSpsn + 10 + kMaxUnackedPsns / 2 - 1);
   EXPECT_EQ(ctr(Ctr::kRetransPkts), kMaxUnackedPsns / 2);
-  // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Resend from
-  // there, still within the window; the same episode does not cut again.
+  // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Each loss
+  // costs a window of resends, so each one halves it: 128 from 520.
   nak_seq(kSpsn + 20);
   out = sent();
-  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 4);
   EXPECT_EQ(out.front().psn(), kSpsn + 20);
-  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
-  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 2u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 4);
 }
 
 // The retransmit timer (IBA local ACK timeout): the oldest unacknowledged packet goes alone,
@@ -229,11 +229,12 @@ TEST_F(RecoveryTest, CnpFromAStrangerDoesNotCutTheWindow) {
 TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   SendWindow w;
   win_reset(w, 512);
-  EXPECT_TRUE(win_cut(w, 1000));
+  EXPECT_TRUE(win_cut(w, 1000, false));
   EXPECT_EQ(w.cwnd, 256u);
-  EXPECT_FALSE(win_cut(w, 1200));  // same episode: comp psn has not reached 1000
+  EXPECT_FALSE(win_cut(w, 1200, false));  // a CNP in the same episode: no second cut
+  EXPECT_EQ(w.cwnd, 256u);
   win_on_progress(w, 10, 1000, 1);  // episode over
-  EXPECT_TRUE(win_cut(w, 1500));
+  EXPECT_TRUE(win_cut(w, 1500, false));
   EXPECT_EQ(w.cwnd, 128u);
   win_collapse(w, 1600);
   EXPECT_EQ(w.cwnd, 1u);
@@ -245,10 +246,7 @@ TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   for (int i = 0; i < 200; ++i) win_on_progress(w, w.cwnd, 2000 + i * 600, 4);
   EXPECT_EQ(w.cwnd, 512u);  // bounded by max
   // Never below 1.
-  for (int i = 0; i < 20; ++i) {
-    win_cut(w, 100000u + i);
-    win_on_progress(w, 0, 100000u + i, 5);
-  }
+  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);  // a loss cuts every time
   EXPECT_EQ(w.cwnd, 1u);
   EXPECT_EQ(win_ackreq_every(w, 64), 1u);
 }
