@@ -6,7 +6,7 @@
 
 #include "emu/transport/req.h"
 #include "emu/transport/window.h"
-#include "tests/emu/proto_util.h"
+#include "tests/emu/req_peer_fixture.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -14,46 +14,16 @@ namespace {
 namespace op = wire::op;
 namespace aeth = wire::aeth;
 
-constexpr uint32_t kPeerQpn = 0x000456;
-constexpr uint32_t kSpsn = 500;
-
-class RecoveryTest : public ::testing::Test {
+class RecoveryTest : public ReqPeerFixture {
  protected:
-  wire::MemNetwork net;
-  Node s = Node::on_mem(net, "127.0.0.3");
-  Peer p{net, "127.0.0.2", "127.0.0.3"};
-  std::shared_ptr<Qp> qp;
-  GuardedBuf buf{8 << 20};
-  std::shared_ptr<Mr> mb;
-
-  void SetUp() override { setup({}); }
-  void setup(ConnOpts o) {
-    qp = s.qp(QpType::kRc);
-    o.sq_psn = kSpsn;
-    o.rq_psn = 1;
-    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
-    buf.pattern(5);
-    mb = s.mr(buf.data(), buf.n);
-  }
+  RecoveryTest() : ReqPeerFixture(8 << 20) {}
   // An RDMA WRITE of n packets (MTU 1024).
   void write_pkts(uint64_t id, uint32_t n, uint32_t off = 0) {
     Wr w = send_wr(WrOpcode::kRdmaWrite, id, {sge(buf.data() + off, n * 1024, mb)});
-    w.rdma.remote_addr = 0x10000;
-    w.rdma.rkey = 0x777;
+    w.rdma.remote_addr = kRemoteVa;
+    w.rdma.rkey = kRkey;
     ASSERT_TRUE(post(qp, w).is_ok());
   }
-  std::vector<Captured> sent() { return p.recv_all(); }
-  void respond(uint8_t opcode, uint32_t psn, uint8_t syndrome) {
-    wire::PacketFields f;
-    f.opcode = opcode;
-    f.dest_qp = qp->qpn();
-    f.psn = psn;
-    f.syndrome = syndrome;
-    f.msn = 1;
-    p.send(f);
-    s.eng->poll_rx();
-  }
-  void ack(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::ack(aeth::kCreditInvalid)); }
   void nak_seq(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::nak(aeth::kNakPsnSeqError)); }
   void cnp() {
     wire::PacketFields f;
@@ -62,7 +32,6 @@ class RecoveryTest : public ::testing::Test {
     p.send(f);
     s.eng->poll_rx();
   }
-  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
   uint32_t cwnd() {
     std::lock_guard lk(qp->send_mutex());
     return qp->comp_.win.cwnd;
