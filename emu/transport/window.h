@@ -11,8 +11,8 @@
 
 namespace rnic::emu {
 
-// IBA local ACK timer: timeout_ns << backoff, backoff at most this (x8), reset on progress.
-inline constexpr uint8_t kMaxTimeoutBackoff = 3;
+// IBA local ACK timer: timeout_ns << backoff, backoff at most this (x4), reset on progress.
+inline constexpr uint8_t kMaxTimeoutBackoff = 2;
 // Probe timer: pto << probe_backoff, probe_backoff at most this.
 inline constexpr uint8_t kMaxProbeBackoff = 4;
 // Probe timer floor, and its value before the first RTT sample.
