@@ -26,10 +26,13 @@ const VarDecl kVars[] = {
      .values = "1..63 characters of `[A-Za-z0-9_.-]`", .help = "device name", .reader = "shim",
      .empty_is_error = true,
      .store = [](Config* c, const VarValue& v) { c->name = v.s; }},
-    {.name = "SOFTRNIC_IP", .type = VarType::kIpv4,
-     .default_text = "first free of 127.0.0.2..254", .values = "a unicast IPv4 address",
-     .help = "bind address of the device (UDP 4791)", .reader = "shim", .empty_is_error = true,
-     .store = [](Config* c, const VarValue& v) { c->ip = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_IP", .type = VarType::kIp,
+     .default_text = "first free of 127.0.0.2..254",
+     .values = "a unicast IPv4 or IPv6 address (link-local: `fe80::1%eth0`)",
+     .help = "address of the device (GID 0; its interface's other addresses follow, "
+             "each with its own UDP 4791 socket)",
+     .reader = "shim", .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->ip = v.s; }},
     {.name = "SOFTRNIC_MTU", .type = VarType::kU32,
      .default_text = "from the interface (loopback: 4096)", .values = "256, 512, 1024, 2048, 4096",
      .help = "active path MTU", .reader = "shim", .empty_is_error = true, .min = 256,
@@ -37,8 +40,8 @@ const VarDecl kVars[] = {
      .store = [](Config* c, const VarValue& v) { c->mtu = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_GSO", .type = VarType::kEnum, .default_text = "`auto`",
      .values = "`auto`, `on`, `off`",
-     .help = "UDP GSO batches on send (and GRO on receive); auto: only when the IP is on a "
-             "loopback interface, where a batch is never cut (docs/wire.md §4)",
+     .help = "UDP GSO batches on send; auto: only when the IP is on a loopback interface, "
+             "where a batch is never cut (docs/wire.md §4). Receiving with GRO is always on",
      .reader = "shim", .choices = "auto,on/1/yes,off/0/no",
      .store = [](Config* c, const VarValue& v) { c->gso = static_cast<GsoMode>(v.u); }},
     {.name = "SOFTRNIC_PIN", .type = VarType::kEnum, .default_text = "`shadow`",
@@ -256,13 +259,25 @@ std::string parse_value(const VarDecl& d, std::string_view text, VarValue* out) 
       out->u = static_cast<uint64_t>(i);
       return "";
     }
-    case VarType::kIpv4: {
+    case VarType::kIp: {
       std::string z(text);
       in_addr a{};
-      if (inet_pton(AF_INET, z.c_str(), &a) != 1) return bad(d, text);
-      uint32_t h = ntohl(a.s_addr);
-      if (h == 0 || h == 0xffffffffu || (h >> 28) == 0xe) return bad(d, text);
-      out->u = a.s_addr;
+      if (inet_pton(AF_INET, z.c_str(), &a) == 1) {
+        uint32_t h = ntohl(a.s_addr);
+        if (h == 0 || h == 0xffffffffu || (h >> 28) == 0xe) return bad(d, text);
+        out->s = z;
+        return "";
+      }
+      // IPv6: unicast, not unspecified, not IPv4-mapped (say the IPv4 address); a zone
+      // ("%eth0") only on a link-local address.
+      std::string addr = z.substr(0, z.find('%'));
+      in6_addr a6{};
+      if (inet_pton(AF_INET6, addr.c_str(), &a6) != 1) return bad(d, text);
+      const bool ll = a6.s6_addr[0] == 0xfe && (a6.s6_addr[1] & 0xc0) == 0x80;
+      if (IN6_IS_ADDR_UNSPECIFIED(&a6) || IN6_IS_ADDR_MULTICAST(&a6) || IN6_IS_ADDR_V4MAPPED(&a6) ||
+          (ll != (addr.size() != z.size())) || (ll && z.size() == addr.size() + 1))
+        return bad(d, text);
+      out->s = z;
       return "";
     }
     case VarType::kLevel:

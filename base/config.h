@@ -38,7 +38,7 @@ enum class VarType : uint8_t {
   kU32,      // decimal in [min, max]; pow2 -> a power of two
   kSeed,     // u64, decimal or 0x-hex
   kEnum,     // one of choices ("on,off,required")
-  kIpv4,     // dotted-quad unicast IPv4 address
+  kIp,       // a unicast IPv4 or IPv6 address (IPv6 link-local: with %interface)
   kLevel,    // a base::LogLevel name or 0..5
 };
 
@@ -54,7 +54,7 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
   std::string name = "softrnic0";            // SOFTRNIC_NAME (shim)
-  std::optional<uint32_t> ip;                // SOFTRNIC_IP, network byte order (shim)
+  std::optional<std::string> ip;             // SOFTRNIC_IP as given, IPv4 or IPv6 (shim)
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
   PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
@@ -78,9 +78,9 @@ struct Config {
 // One parsed value, as the type produced it.
 struct VarValue {
   bool b = false;
-  uint64_t u = 0;                 // kU32, kSeed, kEnum (choice index), kIpv4 (network order)
+  uint64_t u = 0;                 // kU32, kSeed, kEnum (choice index)
   LogLevel level = LogLevel::kError;
-  std::string s;                  // kName, kString, kPath
+  std::string s;                  // kName, kString, kPath, kIp
 };
 
 struct VarDecl {

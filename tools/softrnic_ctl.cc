@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "emu/objects/device.h"
 #include "emu/services/control.h"
 #include "tools/control_client.h"
 
@@ -38,6 +39,8 @@ constexpr const char* kUsage =
     "                                counters as 'name value' (watch: + delta per interval)\n"
     "  capture -w FILE               start writing a pcap of all traffic to FILE\n"
     "  capture --stop                stop the capture\n"
+    "  gids [--ip IP]                the GID table a device on IP (default $SOFTRNIC_IP) lists:\n"
+    "                                'index gid type netdev' per line, gid as sysfs writes it\n"
     "  list                          running devices (device pid socket)\n"
     "  env [--markdown]              the SOFTRNIC_* variables (base/config.h)\n"
     "Without --device/--pid/--socket the only running device is used.\n";
@@ -202,6 +205,31 @@ std::string absolute_path(const std::string& p) {
   return std::string(cwd) + "/" + p;
 }
 
+// `gids`: the table Device::open builds (emu/objects/device.h gid_table_for), for the sysfs
+// tree scripts/softrnic writes (gids/N, gid_attrs/types/N, gid_attrs/ndevs/N).
+int print_gids(std::string ip) {
+  if (ip.empty()) {
+    const char* e = std::getenv("SOFTRNIC_IP");
+    if (e == nullptr || *e == '\0') return usage("gids: no --ip and no SOFTRNIC_IP");
+    ip = e;
+  }
+  std::optional<rnic::wire::Endpoint> ep = rnic::wire::Endpoint::parse(ip, 0);
+  if (!ep) return usage("gids: not an IP address: " + ip);
+  auto nif = rnic::emu::interface_of(ip);
+  const std::vector<rnic::emu::GidEntry> t =
+      rnic::emu::gid_table_for(*ep, nif.has_value() ? &nif.value() : nullptr);
+  for (size_t i = 0; i < t.size(); ++i) {
+    std::string g;
+    char b[8];
+    for (int k = 0; k < 16; k += 2) {
+      std::snprintf(b, sizeof(b), "%s%02x%02x", k == 0 ? "" : ":", t[i].raw[k], t[i].raw[k + 1]);
+      g += b;
+    }
+    std::printf("%zu %s RoCE v2 %s\n", i, g.c_str(), t[i].netdev.empty() ? "lo" : t[i].netdev.c_str());
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"softrnic-ctl: a running softrnic device's control socket", "softrnic-ctl"};
   app.set_help_flag();  // -h/--help/help print kUsage (below)
@@ -243,6 +271,10 @@ int run(int argc, char** argv) {
   auto* o_int = c_stats->add_option("--interval", interval)->check(CLI::Range(1e-9, 86400.0));
   auto* o_cnt = c_stats->add_option("--count", count)->check(CLI::PositiveNumber);
 
+  CLI::App* c_gids = app.add_subcommand("gids");
+  std::string gid_ip;
+  c_gids->add_option("--ip", gid_ip);
+
   CLI::App* c_cap = app.add_subcommand("capture");
   std::string cap_file;
   bool cap_stop = false;
@@ -266,6 +298,7 @@ int run(int argc, char** argv) {
                stdout);
     return 0;
   }
+  if (*c_gids) return print_gids(gid_ip);
   if (*c_list) {
     std::string dir = sel.runtime_dir.empty() ? rnic::emu::control_runtime_dir() : sel.runtime_dir;
     for (const ControlSocketInfo& s : rnic::emu::find_control_sockets(dir, true)) {

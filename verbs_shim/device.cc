@@ -2,12 +2,14 @@
 // ibv_close_device, device/port/GID/P_Key queries, and the sysfs helpers.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
 
 #include "verbs_shim/host.h"
 #include "verbs_shim/shim.h"
@@ -281,13 +283,14 @@ SHIM_EXPORT int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num
   ibv_gid g;
   int t = 0;
   if (port_num != 1) return fail_errno(EINVAL);
-  if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t)) return fail_errno(ENODATA);
+  uint32_t ifindex = 1;
+  if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t, &ifindex)) return fail_errno(ENODATA);
   ibv_gid_entry e{};
   e.gid = g;
   e.gid_index = gid_index;
   e.port_num = port_num;
   e.gid_type = static_cast<uint32_t>(t);
-  e.ndev_ifindex = 1;  // loopback-class netdev
+  e.ndev_ifindex = ifindex;
   std::memset(entry, 0, entry_size);
   std::memcpy(entry, &e, sizeof e);
   return 0;
@@ -304,7 +307,8 @@ SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv
   for (uint32_t i = 0; i < static_cast<uint32_t>(pa.gid_tbl_len); ++i) {
     ibv_gid g;
     int t = 0;
-    if (!query_gid(to_ctx(context), 1, i, &g, &t)) continue;
+    uint32_t ifindex = 1;
+    if (!query_gid(to_ctx(context), 1, i, &g, &t, &ifindex)) continue;
     bool zero = true;
     for (unsigned char b : g.raw) zero = zero && b == 0;
     if (zero) continue;
@@ -315,7 +319,7 @@ SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv
     e->gid_index = i;
     e->port_num = 1;
     e->gid_type = static_cast<uint32_t>(t);
-    e->ndev_ifindex = 1;
+    e->ndev_ifindex = ifindex;
     ++n;
   }
   return static_cast<ssize_t>(n);
@@ -501,12 +505,19 @@ void fill_port_attr(Context* ctx, ibv_port_attr* p) {
   p->port_cap_flags2 = e.port_cap_flags2;
 }
 
-bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type) {
+bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type,
+               uint32_t* ifindex) {
   if (port > 255 || index > 0x7fffffffu) return false;
   auto r = ctx->emu_->query_gid(static_cast<uint8_t>(port), static_cast<int>(index));
   if (!r.has_value()) return false;
   std::memcpy(gid->raw, r.value().raw.data(), 16);
   *type = static_cast<int>(r.value().type);
+  if (ifindex != nullptr) {
+    // The netdev carrying the GID (ibv_gid_entry.ndev_ifindex); 1 (lo) if unknown.
+    const std::string& nd = r.value().netdev;
+    unsigned i = nd.empty() ? 0 : if_nametoindex(nd.c_str());
+    *ifindex = i != 0 ? i : 1;
+  }
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "emu/transport/engine.h"
@@ -41,16 +42,18 @@ void atfork_child() {
   g_host_mu.unlock();
 }
 
-// Tries to bind UDP 4791 on `ip`; returns 0 if the address is free (socket closed again),
-// else the errno (EADDRINUSE when another device holds it).
-int probe_bind(in_addr ip) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+// Tries to bind UDP 4791 on `ip` (IPv4 or IPv6); returns 0 if the address is free (socket
+// closed again), else the errno (EADDRINUSE when another device holds it).
+int probe_bind(const std::string& ip) {
+  std::optional<wire::Endpoint> ep = wire::Endpoint::parse(ip, 4791);
+  if (!ep) return EINVAL;
+  int s = socket(ep->ipv6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return errno;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(4791);
-  sa.sin_addr = ip;
-  int rc = bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 ? 0 : errno;
+  int one = 1;
+  if (ep->ipv6) (void)setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  sockaddr_storage ss;
+  socklen_t len = ep->to_sockaddr(&ss);
+  int rc = bind(s, reinterpret_cast<sockaddr*>(&ss), len) == 0 ? 0 : errno;
   close(s);
   return rc;
 }
@@ -64,29 +67,17 @@ std::string ip_str(in_addr ip) {
 // True when `ip` lives on a loopback interface (IFF_LOOPBACK: its own address, else the
 // subnet of one of its addresses, as 127.0.0.2 on lo's 127.0.0.1/8). Only there is a UDP GSO
 // batch never cut into datagrams (docs/wire.md §4).
-bool ip_on_loopback(in_addr ip) {
-  if ((ntohl(ip.s_addr) >> 24) == 127) return true;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return false;
-  int exact = -1, subnet = -1;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    uint32_t a = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
-    uint32_t m = i->ifa_netmask != nullptr
-                     ? reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr.s_addr
-                     : 0xFFFFFFFFu;
-    int lo = (i->ifa_flags & IFF_LOOPBACK) != 0 ? 1 : 0;
-    if (a == ip.s_addr && exact < 0) exact = lo;
-    if ((a & m) == (ip.s_addr & m) && subnet < 0) subnet = lo;
-  }
-  freeifaddrs(list);
-  return (exact >= 0 ? exact : subnet) == 1;
+bool ip_on_loopback(const std::string& ip) {
+  if (ip.rfind("127.", 0) == 0) return true;
+  emu::Result<emu::NetIf> nif = emu::interface_of(ip);
+  return nif && nif->loopback;
 }
 
 // EngineConfig::gso from SOFTRNIC_GSO: auto sends GSO batches only where the IP is on a
 // loopback interface; elsewhere one datagram per packet (sendmmsg batches) with IP ID 0, so
-// every packet verifies on a capture from any interface whatever its offloads.
-bool gso_for(base::GsoMode mode, in_addr ip) {
+// every packet verifies on a capture from any interface whatever its offloads. Receiving with
+// GRO stays on regardless (EngineConfig::gro).
+bool gso_for(base::GsoMode mode, const std::string& ip) {
   switch (mode) {
     case base::GsoMode::kOn: return true;
     case base::GsoMode::kOff: return false;
@@ -145,7 +136,7 @@ void dispatcher_main(Host* h) {
 int start_device(Host* h) {
   emu::DeviceConfig dc;
   dc.name = h->cfg_.name;
-  dc.ip = ip_str(h->ip_);
+  dc.ip = h->ip_;
   dc.active_mtu = h->cfg_.mtu;
   // This process's node GUID (device.cc device_guid): recomputed here so a forked child's
   // device gets its own; the listed device reports the same value from now on.
@@ -224,22 +215,22 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   h->cfg_ = cfg;
   int rc = 0;
   if (cfg.ip) {
-    h->ip_.s_addr = *cfg.ip;
+    h->ip_ = *cfg.ip;
     rc = probe_bind(h->ip_);
-    if (rc != 0) RNIC_LOG(kError, "cannot bind UDP %s:4791 (SOFTRNIC_IP): %s", ip_str(h->ip_).c_str(), std::strerror(rc));
+    if (rc != 0) RNIC_LOG(kError, "cannot bind UDP %s port 4791 (SOFTRNIC_IP): %s", h->ip_.c_str(), std::strerror(rc));
     if (rc == 0) rc = start_device(h.get());
   } else {
     rc = EADDRINUSE;
     for (uint32_t a = 0x7f000002u; a < 0x7f0000ffu; ++a) {
       in_addr ip;
       ip.s_addr = htonl(a);
-      int r = probe_bind(ip);
+      int r = probe_bind(ip_str(ip));
       if (r == EADDRINUSE) continue;
       if (r != 0) {
         rc = r;
         break;
       }
-      h->ip_ = ip;
+      h->ip_ = ip_str(ip);
       rc = start_device(h.get());
       if (rc != EADDRINUSE) break;  // lost a race for this address: try the next one
     }
@@ -252,7 +243,7 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   h->refs_ = 1;
   g_host = h.release();
   *out = g_host;
-  RNIC_LOG(kInfo, "device %s on %s:4791", cfg.name.c_str(), ip_str(g_host->ip_).c_str());
+  RNIC_LOG(kInfo, "device %s on %s port 4791", cfg.name.c_str(), g_host->ip_.c_str());
   return 0;
 }
 

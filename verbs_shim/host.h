@@ -26,7 +26,7 @@ struct Context;
 struct Host {
   DeviceEntry* dev_entry_ = nullptr;
   Config cfg_;
-  in_addr ip_{};  // bound address (network order)
+  std::string ip_;  // bound address (SOFTRNIC_IP or the free 127.0.0.x chosen), IPv4 or IPv6
   std::shared_ptr<emu::Device> dev_;
   std::unique_ptr<emu::DeviceServices> services_;  // faults, capture, control socket
   // The IB CM on QP1 (emu/cm/agent.h); destroyed before services_ (it unhooks from the engine).

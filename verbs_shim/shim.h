@@ -224,6 +224,7 @@ void from_emu(const emu::AhAttr& e, ibv_ah_attr* a);
 // Device attributes the shim reports (device.cc).
 void fill_device_attr(Context* ctx, ibv_device_attr* attr);
 void fill_port_attr(Context* ctx, ibv_port_attr* attr);
-bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type);
+bool query_gid(Context* ctx, uint32_t port, uint32_t index, ibv_gid* gid, int* type,
+               uint32_t* ifindex = nullptr);
 
 }  // namespace rnic::shim

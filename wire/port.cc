@@ -3,11 +3,13 @@
 #include "wire/port.h"
 
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 
 namespace rnic::wire {
 
@@ -27,8 +29,17 @@ std::optional<Endpoint> Endpoint::parse(std::string_view ip, uint16_t port) {
   Endpoint e;
   e.port = port;
   if (inet_pton(AF_INET, buf, e.addr) == 1) return e;
+  // IPv6, optionally with a zone: "fe80::1%veth0" (or "%3").
+  uint32_t scope = 0;
+  if (char* pct = std::strchr(buf, '%')) {
+    *pct = '\0';
+    scope = if_nametoindex(pct + 1);
+    if (scope == 0) scope = static_cast<uint32_t>(std::strtoul(pct + 1, nullptr, 10));
+    if (scope == 0) return std::nullopt;
+  }
   if (inet_pton(AF_INET6, buf, e.addr) == 1) {
     e.ipv6 = true;
+    if (e.link_local()) e.scope_id = scope;
     return e;
   }
   return std::nullopt;
@@ -62,13 +73,14 @@ bool Endpoint::from_sockaddr(const sockaddr* sa, socklen_t len) {
     } else {
       ipv6 = true;
       std::memcpy(addr, s6->sin6_addr.s6_addr, 16);
+      if (link_local()) scope_id = s6->sin6_scope_id;
     }
     return true;
   }
   return false;
 }
 
-socklen_t Endpoint::to_sockaddr(sockaddr_storage* ss) const {
+socklen_t Endpoint::to_sockaddr(sockaddr_storage* ss, bool with_flow) const {
   std::memset(ss, 0, sizeof(*ss));
   if (!ipv6) {
     auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
@@ -81,6 +93,8 @@ socklen_t Endpoint::to_sockaddr(sockaddr_storage* ss) const {
   s6->sin6_family = AF_INET6;
   s6->sin6_port = htons(port);
   std::memcpy(&s6->sin6_addr, addr, 16);
+  s6->sin6_scope_id = scope_id;
+  if (with_flow) s6->sin6_flowinfo = htonl(flow_label & 0xfffffu);
   return sizeof(sockaddr_in6);
 }
 

@@ -37,6 +37,19 @@ struct Endpoint {
   bool ipv6 = false;
   uint8_t addr[16] = {};
   uint16_t port = 0;
+  // How a datagram to this endpoint is sent (or, in RxDesc::dst, how it arrived); not part of
+  // the address, so operator== and same_ip ignore them:
+  //  - src_index: which of the port's local addresses sends it (UdpPortOptions::bind is 0,
+  //    UdpPortOptions::more[i] is i + 1; the device's GID index). RxDesc::dst: the one it
+  //    arrived on.
+  //  - IPv6 header fields from the GRH (IBA A17.4.5.1): traffic class, flow label (20 bits),
+  //    hop limit (0 = the kernel's default). IPv4 sends keep the kernel's TOS and TTL.
+  //  - scope_id: interface index of a link-local IPv6 address (0 otherwise).
+  uint8_t src_index = 0;
+  uint8_t tclass = 0;
+  uint8_t hop_limit = 0;
+  uint32_t flow_label = 0;
+  uint32_t scope_id = 0;
 
   // "127.0.0.2" or "::1" / "fe80::1" (no brackets, no port). nullopt if unparsable.
   static std::optional<Endpoint> parse(std::string_view ip, uint16_t port);
@@ -45,8 +58,11 @@ struct Endpoint {
   // From a sockaddr_in / sockaddr_in6. An IPv4-mapped IPv6 address (::ffff:a.b.c.d)
   // becomes a plain IPv4 Endpoint. Returns false for other families or short lengths.
   bool from_sockaddr(const sockaddr* sa, socklen_t len);
-  // Fills a sockaddr_in / sockaddr_in6; returns its length.
-  socklen_t to_sockaddr(sockaddr_storage* ss) const;
+  // Fills a sockaddr_in / sockaddr_in6 (IPv6: with scope_id and, if with_flow, the flow
+  // label in sin6_flowinfo); returns its length.
+  socklen_t to_sockaddr(sockaddr_storage* ss, bool with_flow = false) const;
+  // fe80::/10 (needs scope_id to be sent or bound).
+  bool link_local() const { return ipv6 && addr[0] == 0xfe && (addr[1] & 0xc0) == 0x80; }
   // "127.0.0.2" / "::1".
   std::string ip_string() const;
   // "127.0.0.2:4791" / "[::1]:4791".
@@ -99,6 +115,10 @@ struct RxDesc {
   // IPv4 TOS / IPv6 traffic class (UdpPort: IP_RECVTOS / IPV6_RECVTCLASS; 0 if unknown). The
   // low 2 bits are ECN: 3 = CE (congestion experienced).
   uint8_t tos = 0;
+  // IPv6 only (IPV6_RECVHOPLIMIT / IPV6_FLOWINFO; 0 if unknown): the hop limit and the 20-bit
+  // flow label the datagram arrived with (the UD GRH image carries them).
+  uint8_t hop_limit = 0;
+  uint32_t flow_label = 0;
 };
 
 // Calls fn(std::span<uint8_t> segment, uint32_t index) for each datagram in `d`
@@ -239,6 +259,12 @@ class Port {
 
   // The bound address (with the real port number when 0 was asked for).
   virtual const Endpoint& local() const = 0;
+  // The local address a datagram to dst leaves from (a port with several addresses picks by
+  // dst.src_index and family: UdpPort); the ICRC's source address.
+  virtual const Endpoint& local_for(const Endpoint& dst) const {
+    (void)dst;
+    return local();
+  }
   virtual int wait_fd() const = 0;
 
   int send_batch(std::span<const TxDesc> pkts);

@@ -4,6 +4,7 @@
 
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,13 @@
 #endif
 #ifndef UDP_GRO
 #define UDP_GRO 104
+#endif
+// From <linux/in6.h> (glibc's <netinet/in.h> lacks them).
+#ifndef IPV6_FLOWINFO
+#define IPV6_FLOWINFO 11
+#endif
+#ifndef IPV6_FLOWINFO_SEND
+#define IPV6_FLOWINFO_SEND 33
 #endif
 #ifndef SOL_UDP
 #define SOL_UDP 17
@@ -29,10 +37,12 @@ union SockAddr {
   sockaddr_in6 v6;
 };
 
-// Control space for one received datagram: PKTINFO (v4 or v6), UDP_GRO, SO_RXQ_OVFL, TOS.
+// Control space for one received datagram: PKTINFO (v4 or v6), UDP_GRO, SO_RXQ_OVFL, TOS /
+// TCLASS, IPv6 hop limit and flow info.
 constexpr size_t kRxCtrl = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) +
-                           CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int)) + 64;
-constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t));
+                           CMSG_SPACE(sizeof(uint32_t)) + 3 * CMSG_SPACE(sizeof(int)) + 64;
+// Control space for one sent datagram: UDP_SEGMENT, IPV6_TCLASS, IPV6_HOPLIMIT.
+constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t)) + 2 * CMSG_SPACE(sizeof(int));
 
 void fill_sockaddr(const Endpoint& e, SockAddr* out, socklen_t* len) {
   sockaddr_storage ss;
@@ -54,28 +64,36 @@ struct UdpPort::RxScratch {
   alignas(cmsghdr) unsigned char ctrl[kBatch][kRxCtrl];
 };
 
-std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
-  int dummy;
-  if (err == nullptr) err = &dummy;
-  *err = 0;
-  const bool v6 = opt.bind.ipv6;
+namespace {
+
+// One bound socket with every option the port relies on; -1 and *err on failure.
+int open_socket(const Endpoint& bind, const UdpPortOptions& opt, bool* gso, bool* gro,
+                Endpoint* local, int* err) {
+  const bool v6 = bind.ipv6;
   int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *err = errno;
-    return nullptr;
+    return -1;
   }
-  auto fail = [&](int e) -> std::unique_ptr<UdpPort> {
+  auto fail = [&](int e) {
     *err = e;
     ::close(fd);
-    return nullptr;
+    return -1;
   };
   int one = 1;
+  int zero = 0;
   if (v6) {
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) return fail(errno);
     int pmtu = IPV6_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) return fail(errno);
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) != 0) return fail(errno);
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));  // ECN (best effort)
+    // The GRH's flow label goes out in sin6_flowinfo; with no label the header carries 0, not
+    // a kernel hash (auto flow labels off). Received hop limit and flow label feed the UD GRH.
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, &zero, sizeof(zero));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof(one));
   } else {
     // DF on every datagram: with an unconnected socket Linux then writes IP ID 0
     // (ip_select_ident: DF set and no inet_daddr), which the ICRC covers.
@@ -93,45 +111,91 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
   if (opt.sndbuf > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &opt.sndbuf, sizeof(int)) != 0) {
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt.sndbuf, sizeof(int));
   }
-
-  std::unique_ptr<UdpPort> p(new UdpPort());
-  if (opt.gso) {
-    // Setting a zero default segment size succeeds iff the kernel knows UDP_SEGMENT.
-    int zero = 0;
-    p->gso_ = setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0;
-  }
-  if (opt.gro) {
-    p->gro_ = setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
-  }
+  // Setting a zero default segment size succeeds iff the kernel knows UDP_SEGMENT.
+  if (opt.gso) *gso = *gso && setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0;
+  if (opt.gro) *gro = *gro && setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
 
   SockAddr sa{};
   socklen_t salen = 0;
-  fill_sockaddr(opt.bind, &sa, &salen);
+  fill_sockaddr(bind, &sa, &salen);
   if (::bind(fd, &sa.sa, salen) != 0) return fail(errno);
   SockAddr got{};
   socklen_t gotlen = sizeof(got);
   if (getsockname(fd, &got.sa, &gotlen) != 0) return fail(errno);
-  if (!p->local_.from_sockaddr(&got.sa, gotlen)) return fail(EAFNOSUPPORT);
+  if (!local->from_sockaddr(&got.sa, gotlen)) return fail(EAFNOSUPPORT);
+  if (bind.ipv6 && !local->ipv6) return fail(EAFNOSUPPORT);
+  return fd;
+}
 
+}  // namespace
+
+std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
+  int dummy;
+  if (err == nullptr) err = &dummy;
+  *err = 0;
+  if (opt.more.size() + 1 > kMaxSockets) {
+    *err = EINVAL;
+    return nullptr;
+  }
+  std::unique_ptr<UdpPort> p(new UdpPort());
+  bool gso = opt.gso, gro = opt.gro;
+  for (size_t i = 0; i <= opt.more.size(); ++i) {
+    Endpoint b = i == 0 ? opt.bind : opt.more[i - 1];
+    if (i > 0) b.port = p->socks_[0].local.port;  // one UDP port for every address
+    Sock& s = p->socks_[i];
+    s.fd = open_socket(b, opt, &gso, &gro, &s.local, err);
+    if (s.fd < 0) return nullptr;  // the destructor closes the ones already open
+    s.local.src_index = static_cast<uint8_t>(i);
+    p->nsocks_ = i + 1;
+  }
+  p->gso_ = gso;
+  p->gro_ = gro;
+  if (p->nsocks_ > 1) {
+    p->epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (p->epfd_ < 0) {
+      *err = errno;
+      return nullptr;
+    }
+    for (size_t i = 0; i < p->nsocks_; ++i) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;  // level-triggered: the set stays readable until all are drained
+      ev.data.u64 = i;
+      if (epoll_ctl(p->epfd_, EPOLL_CTL_ADD, p->socks_[i].fd, &ev) != 0) {
+        *err = errno;
+        return nullptr;
+      }
+    }
+  }
+  const int fd = p->socks_[0].fd;
   socklen_t ilen = sizeof(int);
   (void)getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &p->rcvbuf_, &ilen);
   ilen = sizeof(int);
   (void)getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &p->sndbuf_, &ilen);
-
-  p->fd_ = fd;
   p->rx_ = std::make_unique<RxScratch>();
   return p;
 }
 
 UdpPort::~UdpPort() {
-  if (fd_ >= 0) ::close(fd_);
+  for (size_t i = 0; i < nsocks_; ++i) ::close(socks_[i].fd);
+  if (epfd_ >= 0) ::close(epfd_);
+}
+
+size_t UdpPort::socket_for(const Endpoint& dst) const {
+  if (dst.src_index < nsocks_ && socks_[dst.src_index].local.ipv6 == dst.ipv6) return dst.src_index;
+  for (size_t i = 0; i < nsocks_; ++i) {
+    if (socks_[i].local.ipv6 == dst.ipv6) return i;
+  }
+  return 0;  // no socket of that family: the kernel refuses it (counted in tx_errors)
 }
 
 int UdpPort::send_impl(std::span<const TxDesc> pkts) {
   size_t done = 0;
   while (done < pkts.size()) {
-    size_t n = std::min<size_t>(kBatch, pkts.size() - done);
-    int r = send_chunk(pkts.subspan(done, n));
+    // A run of datagrams leaving from one socket, at most kBatch.
+    const size_t k = socket_for(pkts[done].dst);
+    size_t n = 1;
+    while (n < kBatch && done + n < pkts.size() && socket_for(pkts[done + n].dst) == k) ++n;
+    int r = send_chunk(socks_[k].fd, pkts.subspan(done, n));
     if (r < 0) return done > 0 ? int(done) : r;
     done += size_t(r);
     if (size_t(r) < n) break;  // send buffer full
@@ -140,18 +204,18 @@ int UdpPort::send_impl(std::span<const TxDesc> pkts) {
 }
 
 // A GSO descriptor on a kernel without UDP_SEGMENT: same datagrams, one per segment.
-int UdpPort::send_one_split(const TxDesc& d) {
+int UdpPort::send_one_split(int fd, const TxDesc& d) {
   TxDesc segs[kMaxGsoSegments];
   uint32_t n = 0;
   for (uint32_t off = 0; off < d.len && n < kMaxGsoSegments; off += d.gso_size) {
     segs[n++] = TxDesc{d.dst, d.data + off, std::min<uint32_t>(d.gso_size, d.len - off), 0};
   }
-  int r = send_chunk(std::span<const TxDesc>(segs, n));
+  int r = send_chunk(fd, std::span<const TxDesc>(segs, n));
   return r < 0 ? r : (uint32_t(r) == n ? 1 : 0);
 }
 
 // Stack-only: several threads may be here at once.
-int UdpPort::send_chunk(std::span<const TxDesc> pkts) {
+int UdpPort::send_chunk(int fd, std::span<const TxDesc> pkts) {
   mmsghdr msgs[kBatch];
   iovec iov[kBatch];
   SockAddr names[kBatch];
@@ -166,31 +230,48 @@ int UdpPort::send_chunk(std::span<const TxDesc> pkts) {
     std::memset(&msgs[built], 0, sizeof(mmsghdr));
     iov[built].iov_base = const_cast<uint8_t*>(d.data);
     iov[built].iov_len = d.len;
-    socklen_t nl = 0;
-    fill_sockaddr(d.dst, &names[built], &nl);
+    sockaddr_storage ss;
+    const socklen_t nl = d.dst.to_sockaddr(&ss, true);
+    std::memcpy(&names[built], &ss, nl);
     msghdr& m = msgs[built].msg_hdr;
     m.msg_name = &names[built];
     m.msg_namelen = nl;
     m.msg_iov = &iov[built];
     m.msg_iovlen = 1;
-    if (seg) {
+    size_t clen = 0;
+    auto add = [&](int level, int type, const void* v, size_t vlen) {
       m.msg_control = ctrl[built];
-      m.msg_controllen = kTxCtrl;
-      cmsghdr* c = CMSG_FIRSTHDR(&m);
-      c->cmsg_level = SOL_UDP;
-      c->cmsg_type = UDP_SEGMENT;
-      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-      std::memcpy(CMSG_DATA(c), &d.gso_size, sizeof(uint16_t));
+      auto* c = reinterpret_cast<cmsghdr*>(ctrl[built] + clen);  // CMSG_SPACE keeps alignment
+      c->cmsg_level = level;
+      c->cmsg_type = type;
+      c->cmsg_len = CMSG_LEN(vlen);
+      std::memcpy(CMSG_DATA(c), v, vlen);
+      clen += CMSG_SPACE(vlen);
+      m.msg_controllen = clen;
+    };
+    if (seg) add(SOL_UDP, UDP_SEGMENT, &d.gso_size, sizeof(uint16_t));
+    if (d.dst.ipv6) {
+      // The IPv6 header the GRH asks for (IBA A17.4.5.1); the flow label is in sin6_flowinfo.
+      const int tc = d.dst.tclass;
+      add(IPPROTO_IPV6, IPV6_TCLASS, &tc, sizeof(int));
+      if (d.dst.hop_limit != 0) {
+        const int hl = d.dst.hop_limit;
+        add(IPPROTO_IPV6, IPV6_HOPLIMIT, &hl, sizeof(int));
+      }
+    }
+    if (clen == 0) {
+      m.msg_control = nullptr;
+      m.msg_controllen = 0;
     }
   }
   if (built == 0) {
     // pkts[0] is a GSO descriptor and the kernel lacks UDP_SEGMENT.
-    return send_one_split(pkts[0]);
+    return send_one_split(fd, pkts[0]);
   }
 
   size_t idx = 0;
   while (idx < built) {
-    int r = ::sendmmsg(fd_, &msgs[idx], unsigned(built - idx), 0);
+    int r = ::sendmmsg(fd, &msgs[idx], unsigned(built - idx), 0);
     if (r > 0) {
       for (size_t i = idx; i < idx + size_t(r); ++i) {
         bump(ctr_.tx_packets, segments_of(pkts[i].len, pkts[i].gso_size));
@@ -210,7 +291,22 @@ int UdpPort::send_chunk(std::span<const TxDesc> pkts) {
 }
 
 int UdpPort::recv_impl(std::span<RxDesc> descs) {
+  if (nsocks_ == 1) return recv_socket(0, descs);
+  // Every socket in turn, starting one further each call so none starves.
+  size_t total = 0;
+  const size_t first = rx_next_;
+  rx_next_ = (rx_next_ + 1) % nsocks_;
+  for (size_t j = 0; j < nsocks_ && total < descs.size(); ++j) {
+    int r = recv_socket((first + j) % nsocks_, descs.subspan(total));
+    if (r < 0) return total > 0 ? int(total) : r;
+    total += size_t(r);
+  }
+  return int(total);
+}
+
+int UdpPort::recv_socket(size_t k, std::span<RxDesc> descs) {
   RxScratch& s = *rx_;
+  const int fd = socks_[k].fd;
   size_t total = 0;
   while (total < descs.size()) {
     const size_t n = std::min<size_t>(kBatch, descs.size() - total);
@@ -228,7 +324,7 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
       m.msg_flags = 0;
       s.msgs[i].msg_len = 0;
     }
-    int r = ::recvmmsg(fd_, s.msgs, unsigned(n), MSG_DONTWAIT, nullptr);
+    int r = ::recvmmsg(fd, s.msgs, unsigned(n), MSG_DONTWAIT, nullptr);
     if (r < 0) {
       int e = errno;
       if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) break;
@@ -242,8 +338,10 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
       d.ip_id = 0;
       d.seg_size = 0;
       d.tos = 0;
+      d.hop_limit = 0;
+      d.flow_label = 0;
       d.src.from_sockaddr(&s.names[i].sa, m.msg_namelen);
-      d.dst = local_;
+      d.dst = socks_[k].local;
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
           in_pktinfo pi;
@@ -261,6 +359,14 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
           int tc = 0;
           std::memcpy(&tc, CMSG_DATA(c), sizeof(tc));
           d.tos = static_cast<uint8_t>(tc);
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_HOPLIMIT) {
+          int hl = 0;
+          std::memcpy(&hl, CMSG_DATA(c), sizeof(hl));
+          d.hop_limit = static_cast<uint8_t>(hl);
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO) {
+          uint32_t fi = 0;  // network order: traffic class and flow label bits
+          std::memcpy(&fi, CMSG_DATA(c), sizeof(fi));
+          d.flow_label = ntohl(fi) & 0xfffffu;
         } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
           int g = 0;
           std::memcpy(&g, CMSG_DATA(c), sizeof(g));

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <memory>
+#include <vector>
 
 #include "wire/port.h"
 
@@ -15,6 +16,14 @@ struct UdpPortOptions {
   // An unspecified address (0.0.0.0 / ::) is allowed; IP_PKTINFO still reports the
   // real destination of each datagram.
   Endpoint bind = Endpoint::v4(0x7f000002, kRoceUdpPort);
+  // More local addresses, one socket each (the device's other GIDs: its interface's IPv6
+  // addresses; a link-local one needs scope_id). A datagram leaves from the socket its
+  // TxDesc::dst.src_index names (0 = bind, i + 1 = more[i]); RxDesc::dst.src_index tells
+  // which one received it. Every socket uses bind.port. One socket per address, rather than
+  // one dual-stack wildcard socket, keeps several devices on one host (127.0.0.2, ...) from
+  // claiming each other's port, and makes the source address of every datagram the GID the
+  // sender chose (docs/wire.md §5).
+  std::vector<Endpoint> more;
   // SO_RCVBUF / SO_SNDBUF requested (best effort: the kernel caps them at
   // net.core.rmem_max / wmem_max; SO_*BUFFORCE is tried first when privileged).
   int rcvbuf = 8 << 20;
@@ -40,9 +49,16 @@ class UdpPort final : public Port {
   static std::unique_ptr<UdpPort> open(const UdpPortOptions& opt, int* err = nullptr);
   ~UdpPort() override;
 
-  const Endpoint& local() const override { return local_; }
-  // The socket itself (readable while datagrams wait).
-  int wait_fd() const override { return fd_; }
+  const Endpoint& local() const override { return socks_[0].local; }
+  const Endpoint& local_for(const Endpoint& dst) const override {
+    return socks_[socket_for(dst)].local;
+  }
+  // Local address i (0 = bind, i + 1 = more[i]) with the real port; REQUIRES i < sockets().
+  const Endpoint& local(size_t i) const { return socks_[i].local; }
+  size_t sockets() const { return nsocks_; }
+  // The socket itself (one address), else an epoll set of all of them (readable while
+  // datagrams wait on any).
+  int wait_fd() const override { return nsocks_ == 1 ? socks_[0].fd : epfd_; }
 
   bool gso_supported() const { return gso_; }
   bool gro_enabled() const { return gro_; }
@@ -56,6 +72,8 @@ class UdpPort final : public Port {
   // kernels) and max bytes (a UDP datagram, minus headers).
   static constexpr int kMaxGsoSegments = 64;
   static constexpr uint32_t kMaxGsoBytes = 65507;
+  // Most local addresses one port binds (bind + more).
+  static constexpr size_t kMaxSockets = 16;
 
  protected:
   int send_impl(std::span<const TxDesc> pkts) override;
@@ -64,11 +82,21 @@ class UdpPort final : public Port {
 
  private:
   UdpPort() = default;
-  int send_chunk(std::span<const TxDesc> pkts);
-  int send_one_split(const TxDesc& d);
+  int send_chunk(int fd, std::span<const TxDesc> pkts);
+  int send_one_split(int fd, const TxDesc& d);
+  int recv_socket(size_t k, std::span<RxDesc> descs);
+  // The socket a datagram to dst leaves from: dst.src_index if it names one of dst's family,
+  // else the first socket of that family.
+  size_t socket_for(const Endpoint& dst) const;
 
-  int fd_ = -1;
-  Endpoint local_;
+  struct Sock {
+    int fd = -1;
+    Endpoint local;
+  };
+  Sock socks_[kMaxSockets];
+  size_t nsocks_ = 0;
+  int epfd_ = -1;
+  size_t rx_next_ = 0;  // receive round-robin start (single consumer)
   bool gso_ = false;
   bool gro_ = false;
   int rcvbuf_ = 0;

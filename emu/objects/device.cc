@@ -56,24 +56,65 @@ Mtu active_mtu_for_netdev(uint32_t netdev_mtu) {
   return Mtu::k256;
 }
 
-Result<uint32_t> interface_mtu_for(const std::string& ipv4) {
-  in_addr want{};
-  if (inet_pton(AF_INET, ipv4.c_str(), &want) != 1) return Errc::kInval;
+namespace {
+
+bool v4_of(const sockaddr* sa, uint32_t* out) {
+  if (sa == nullptr || sa->sa_family != AF_INET) return false;
+  *out = reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr;
+  return true;
+}
+
+// Interface address order in the GID table after index 0: IPv4, IPv6 global, IPv6 link-local.
+int gid_rank(const wire::Endpoint& e) { return !e.ipv6 ? 0 : e.link_local() ? 2 : 1; }
+
+}  // namespace
+
+Result<NetIf> interface_of(const std::string& ip) {
+  std::optional<wire::Endpoint> want = wire::Endpoint::parse(ip, 0);
+  if (!want) return Errc::kInval;
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return Errc::kNoDev;
   std::string exact, subnet;
   for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    uint32_t a = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
-    uint32_t m = i->ifa_netmask != nullptr
-                     ? reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr.s_addr
-                     : 0xFFFFFFFFu;
-    if (a == want.s_addr && exact.empty()) exact = i->ifa_name;
-    if ((a & m) == (want.s_addr & m) && subnet.empty()) subnet = i->ifa_name;
+    if (i->ifa_addr == nullptr) continue;
+    wire::Endpoint e;
+    if (!e.from_sockaddr(i->ifa_addr, i->ifa_addr->sa_family == AF_INET6 ? sizeof(sockaddr_in6)
+                                                                          : sizeof(sockaddr_in)))
+      continue;
+    if (e.same_ip(*want) && (!e.link_local() || want->scope_id == 0 || e.scope_id == want->scope_id) &&
+        exact.empty())
+      exact = i->ifa_name;
+    uint32_t a = 0, m = 0xFFFFFFFFu;
+    if (!want->ipv6 && v4_of(i->ifa_addr, &a)) {
+      (void)v4_of(i->ifa_netmask, &m);
+      const uint32_t w = htonl(want->v4_host());
+      if ((a & m) == (w & m) && subnet.empty()) subnet = i->ifa_name;
+    }
+  }
+  NetIf out;
+  out.name = !exact.empty() ? exact : subnet;
+  if (out.name.empty()) {
+    freeifaddrs(list);
+    return Errc::kNoDev;
+  }
+  out.index = if_nametoindex(out.name.c_str());
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || out.name != i->ifa_name) continue;
+    if ((i->ifa_flags & IFF_LOOPBACK) != 0) out.loopback = true;
+    const int fam = i->ifa_addr->sa_family;
+    if (fam != AF_INET && fam != AF_INET6) continue;
+    wire::Endpoint e;
+    if (e.from_sockaddr(i->ifa_addr, fam == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in)))
+      out.addrs.push_back(e);
   }
   freeifaddrs(list);
-  std::string ifname = !exact.empty() ? exact : subnet;
-  if (ifname.empty()) return Errc::kNoDev;
+  return out;
+}
+
+Result<uint32_t> interface_mtu_for(const std::string& ip) {
+  Result<NetIf> nif = interface_of(ip);
+  if (!nif) return nif.error();
+  const std::string& ifname = nif->name;
   // sysfs first (no socket needed); else the SIOCGIFMTU ioctl on a throwaway socket.
   std::ifstream f("/sys/class/net/" + ifname + "/mtu");
   uint32_t mtu = 0;
@@ -86,6 +127,35 @@ Result<uint32_t> interface_mtu_for(const std::string& ipv4) {
   ::close(s);
   if (rc != 0 || ifr.ifr_mtu <= 0) return Errc::kNoDev;
   return static_cast<uint32_t>(ifr.ifr_mtu);
+}
+
+std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* nif) {
+  auto entry = [&](const wire::Endpoint& e) {
+    GidEntry g;
+    if (e.ipv6) {
+      std::memcpy(g.raw.data(), e.addr, 16);
+    } else {  // IPv4-mapped ::ffff:a.b.c.d
+      g.raw[10] = g.raw[11] = 0xFF;
+      std::memcpy(&g.raw[12], e.addr, 4);
+    }
+    g.type = GidType::kRoceV2;
+    g.addr = e;
+    g.addr.port = 0;
+    if (g.addr.link_local() && g.addr.scope_id == 0 && nif != nullptr) g.addr.scope_id = nif->index;
+    if (nif != nullptr) g.netdev = nif->name;
+    return g;
+  };
+  std::vector<GidEntry> t{entry(primary)};
+  // A loopback interface's addresses (::1, 127.0.0.1) belong to every device on the host, so
+  // only the device's own address is listed there.
+  if (nif == nullptr || nif->loopback) return t;
+  for (int rank = 0; rank < 3; ++rank) {
+    for (const wire::Endpoint& e : nif->addrs) {
+      if (gid_rank(e) != rank || e.same_ip(primary) || t.size() >= kGidTableLen) continue;
+      t.push_back(entry(e));
+    }
+  }
+  return t;
 }
 
 uint64_t Device::now_ns() {
@@ -126,14 +196,15 @@ Status Device::set_secure_keys(bool on) {
 
 Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   if (cfg.name.empty() || cfg.name.size() >= 64) return Errc::kInval;
-  in_addr a{};
-  if (inet_pton(AF_INET, cfg.ip.c_str(), &a) != 1) return Errc::kInval;
+  std::optional<wire::Endpoint> ip = wire::Endpoint::parse(cfg.ip, 0);
+  if (!ip) return Errc::kInval;
   uint32_t netdev_mtu = cfg.netdev_mtu;
   if (netdev_mtu == 0) {
     Result<uint32_t> m = interface_mtu_for(cfg.ip);
     if (!m) return m.error();
     netdev_mtu = *m;
   }
+  Result<NetIf> nif = interface_of(cfg.ip);
   Mtu active = active_mtu_for_netdev(netdev_mtu);
   if (cfg.active_mtu != 0) {
     switch (cfg.active_mtu) {
@@ -146,7 +217,8 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
     }
   }
   std::shared_ptr<Device> d(new Device(cfg));
-  d->ipv4_ = ntohl(a.s_addr);
+  d->ipv4_ = ip->ipv6 ? 0 : ip->v4_host();
+  d->gids_ = gid_table_for(*ip, nif ? &*nif : nullptr);
 
   // Node GUID (the CA GUID of the CM: Linux peers detect duplicate and stale connections by
   // it, so every device of every process needs its own, cm-notes §3.7/§6.6): cfg.node_guid,
@@ -162,7 +234,11 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
     }();
     const uint32_t pid = static_cast<uint32_t>(getpid());
     uint64_t h = fnv1a64(cfg.name.data(), cfg.name.size());
-    h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
+    if (ip->ipv6) {
+      h = fnv1a64(ip->addr, 16, h);
+    } else {
+      h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
+    }
     h = fnv1a64(&pid, sizeof pid, h);
     h = fnv1a64(&salt, sizeof salt, h);
     guid = h;
@@ -213,7 +289,7 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   p.state = PortState::kActive;
   p.max_mtu = Mtu::k4096;
   p.active_mtu = active;
-  p.gid_tbl_len = kGidTableLen;
+  p.gid_tbl_len = static_cast<int>(d->gids_.size());
   p.port_cap_flags = kPortCapFlags;
   p.max_msg_sz = kPortMaxMsgSz;
   p.pkey_tbl_len = kPkeyTableLen;
@@ -222,12 +298,6 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   p.active_speed = 32;  // EDR (25 Gb/s per lane): the order of loopback UDP throughput
   p.phys_state = 5;     // LinkUp
   p.link_layer = kLinkLayerEthernet;
-
-  // GID index 0: IPv4-mapped ::ffff:a.b.c.d, RoCE v2.
-  d->gid0_.raw.fill(0);
-  d->gid0_.raw[10] = d->gid0_.raw[11] = 0xFF;
-  std::memcpy(&d->gid0_.raw[12], &a.s_addr, 4);
-  d->gid0_.type = GidType::kRoceV2;
   return d;
 }
 
@@ -279,9 +349,8 @@ Result<PortAttr> Device::query_port(uint8_t port_num) const {
 }
 
 Result<GidEntry> Device::query_gid(uint8_t port_num, int index) const {
-  if (port_num != 1 || index < 0 || index >= static_cast<int>(kGidTableLen))
-    return Errc::kInval;
-  return gid0_;
+  if (port_num != 1 || index < 0 || index >= static_cast<int>(gids_.size())) return Errc::kInval;
+  return gids_[static_cast<size_t>(index)];
 }
 
 Result<uint16_t> Device::query_pkey(uint8_t port_num, int index) const {
@@ -323,12 +392,18 @@ Status Device::dealloc_pd(const std::shared_ptr<Pd>& pd) {
 // ---------------------------------------------------------------- AH
 
 Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
-  (void)dev;
   if (!a.is_global) return Errc::kInval;  // RoCE has no LIDs: a GRH is mandatory
   if (a.port_num != 1) return Errc::kInval;
-  if (a.grh.sgid_index >= kGidTableLen) return Errc::kInval;
+  Result<GidEntry> sgid = dev.query_gid(1, a.grh.sgid_index);
+  if (!sgid) return Errc::kInval;
   static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-  if (std::memcmp(a.grh.dgid, kMappedPrefix, 12) != 0) return Errc::kInval;  // IPv4 only
+  const bool v4 = std::memcmp(a.grh.dgid, kMappedPrefix, 12) == 0;
+  // RoCEv2 carries the GRH as an IP header of the DGID's family, from the SGID's address:
+  // both must be of one family (the kernel's rdma_addr resolution refuses a mix too). A
+  // multicast or unspecified IPv6 DGID has no unicast peer (no multicast support).
+  if (v4 == sgid->addr.ipv6) return Errc::kInval;
+  static constexpr uint8_t kZero[16] = {};
+  if (!v4 && (a.grh.dgid[0] == 0xFF || std::memcmp(a.grh.dgid, kZero, 16) == 0)) return Errc::kInval;
   Av av;
   std::memcpy(av.dgid, a.grh.dgid, 16);
   // Any 32-bit flow label is accepted and its low 20 bits used, as the kernel does (UCX
@@ -339,9 +414,13 @@ Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
   av.traffic_class = a.grh.traffic_class;
   av.sl = a.sl;
   av.port_num = a.port_num;
-  av.ipv4 = true;
-  av.dest_ipv4 = (uint32_t{a.grh.dgid[12]} << 24) | (uint32_t{a.grh.dgid[13]} << 16) |
-                 (uint32_t{a.grh.dgid[14]} << 8) | a.grh.dgid[15];
+  av.ipv4 = v4;
+  if (v4) {
+    av.dest_ipv4 = (uint32_t{a.grh.dgid[12]} << 24) | (uint32_t{a.grh.dgid[13]} << 16) |
+                   (uint32_t{a.grh.dgid[14]} << 8) | a.grh.dgid[15];
+  } else if (a.grh.dgid[0] == 0xfe && (a.grh.dgid[1] & 0xc0) == 0x80) {
+    av.scope_id = sgid->addr.scope_id;  // a link-local peer is on the SGID's interface
+  }
   return av;
 }
 

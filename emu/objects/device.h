@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "emu/objects/async_event.h"
 #include "emu/objects/cq.h"
@@ -23,6 +24,7 @@
 #include "emu/objects/srq.h"
 #include "emu/objects/status.h"
 #include "emu/objects/types.h"
+#include "wire/port.h"
 
 namespace rnic::emu {
 
@@ -31,7 +33,7 @@ class Engine;  // emu/transport/engine.h (transports): sockets, progress thread
 // What a device is opened with. Parsing SOFTRNIC_* environment variables is the shim's job.
 struct DeviceConfig {
   std::string name = kDefaultDeviceName;  // ibv_get_device_name
-  std::string ip;                         // device IPv4 address, e.g. "127.0.0.2" (required)
+  std::string ip;  // device address, e.g. "127.0.0.2", "fd00::1", "fe80::1%eth0" (required)
   // Interface MTU override in bytes (0 = look the interface carrying `ip` up).
   uint32_t netdev_mtu = 0;
   // Active path MTU override (0 = derive from the interface MTU).
@@ -134,14 +136,31 @@ struct PortAttr {
 struct GidEntry {
   std::array<uint8_t, 16> raw{};
   GidType type = GidType::kRoceV2;
+  wire::Endpoint addr;  // the address it names (IPv4 or IPv6; link-local: with scope_id)
+  std::string netdev;   // the interface carrying it (sysfs gid_attrs/ndevs), "" if unknown
 };
+
+// The interface carrying an address, and every IPv4/IPv6 address on it.
+struct NetIf {
+  std::string name;
+  unsigned index = 0;
+  bool loopback = false;
+  std::vector<wire::Endpoint> addrs;
+};
+// The interface that carries `ip` (IPv4 or IPv6, "fe80::1%eth0" allowed): the exact address,
+// else (IPv4) the interface whose subnet contains it, e.g. lo for 127.0.0.2. ENODEV if none.
+Result<NetIf> interface_of(const std::string& ip);
+// The device's GID table (all RoCE v2): index 0 is `primary` (IPv4-mapped ::ffff:a.b.c.d for
+// IPv4); then, unless the interface is a loopback one (whose addresses every device on the
+// host shares), the interface's other addresses: IPv4 (mapped), IPv6 global, IPv6 link-local,
+// each group in the kernel's order; at most kGidTableLen entries.
+std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* nif);
 
 // Largest IB MTU whose payload plus kRoceHeaderOverhead fits in netdev_mtu
 // (1500 -> k1024, 9000 -> k4096, 65536 -> k4096; below 336 -> k256).
 Mtu active_mtu_for_netdev(uint32_t netdev_mtu);
-// The MTU of the interface that carries `ipv4` (exact address, else the interface whose
-// subnet contains it, e.g. lo for 127.0.0.2). ENODEV if none.
-Result<uint32_t> interface_mtu_for(const std::string& ipv4);
+// The MTU of the interface that carries `ip` (interface_of). ENODEV if none.
+Result<uint32_t> interface_mtu_for(const std::string& ip);
 
 // The device. Created by open(); the shim keeps the shared_ptr for the context's lifetime.
 // CONTRACT: the Device outlives every object created from it (the shim destroys them, or
@@ -158,7 +177,9 @@ class Device : public std::enable_shared_from_this<Device> {
 
   const std::string& name() const { return cfg_.name; }
   const DeviceConfig& config() const { return cfg_; }
-  uint32_t ipv4() const { return ipv4_; }  // host byte order
+  uint32_t ipv4() const { return ipv4_; }  // host byte order; 0 if the device's IP is IPv6
+  // The GID table (index = GID index); never empty.
+  const std::vector<GidEntry>& gids() const { return gids_; }
 
   // ---- attributes ----
   const DeviceAttr& attr() const { return attr_; }
@@ -279,7 +300,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<PortState> port_state_{PortState::kActive};
   std::atomic<uint32_t> bad_pkey_cntr_{0}, qkey_viol_cntr_{0};
   std::atomic<uint32_t> strict_src_{0};
-  GidEntry gid0_;
+  std::vector<GidEntry> gids_;
   AsyncEventQueue events_;
   std::atomic<TransportHooks*> hooks_{nullptr};
   std::shared_ptr<MemAccess> mem_;

@@ -85,6 +85,7 @@ struct Av {
   uint8_t port_num = 1;
   bool ipv4 = true;
   uint32_t dest_ipv4 = 0;  // host byte order (0x7f000002 = 127.0.0.2) when ipv4
+  uint32_t scope_id = 0;   // IPv6 link-local dgid: the SGID's interface index
 };
 
 // Progress of a send WQE, owned by the requester/completer (emu never reads these

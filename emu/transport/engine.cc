@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/log.h"
 #include "emu/transport/comp.h"
 #include "emu/objects/cq.h"
 #include "emu/transport/recv.h"
@@ -58,6 +59,23 @@ TxBatch& tx_batch_for_thread() {
   return batch;
 }
 
+wire::Endpoint peer_endpoint(const Av& av, uint16_t udp_port) {
+  wire::Endpoint e;
+  if (av.ipv4) {
+    e = wire::Endpoint::v4(av.dest_ipv4, udp_port);
+  } else {
+    e.ipv6 = true;
+    std::memcpy(e.addr, av.dgid, 16);
+    e.port = udp_port;
+    e.tclass = av.traffic_class;
+    e.hop_limit = av.hop_limit;
+    e.flow_label = av.flow_label & 0xfffffu;
+    e.scope_id = av.scope_id;
+  }
+  e.src_index = av.sgid_index;
+  return e;
+}
+
 // ---------------------------------------------------------------- start / stop
 
 Engine::Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg)
@@ -74,9 +92,26 @@ Result<std::shared_ptr<Engine>> Engine::start(const std::shared_ptr<Device>& dev
   o.rcvbuf = cfg.rcvbuf;
   o.sndbuf = cfg.sndbuf;
   o.gso = cfg.gso;
-  o.gro = cfg.gso;
+  o.gro = cfg.gro;
+  if (cfg.ip.empty()) {
+    // One socket per further GID (index i -> socket i), so the GID a packet is sent from is
+    // its source address and a peer may address any GID (wire.md §5).
+    for (size_t i = 1; i < dev->gids().size(); ++i) {
+      wire::Endpoint b = dev->gids()[i].addr;
+      b.port = cfg.udp_port;
+      o.more.push_back(b);
+    }
+  }
   int err = 0;
   std::unique_ptr<wire::UdpPort> port = wire::UdpPort::open(o, &err);
+  if (!port && !o.more.empty()) {
+    // An address that cannot be bound (a tentative IPv6 address still in DAD, ...): run on the
+    // primary address alone; the other GIDs then receive nothing.
+    RNIC_LOG(kWarn, "cannot bind UDP %u on every GID of %s (%s): only on %s", cfg.udp_port,
+             dev->name().c_str(), std::strerror(err), ep->ip_string().c_str());
+    o.more.clear();
+    port = wire::UdpPort::open(o, &err);
+  }
   if (!port) return static_cast<Errc>(err != 0 ? err : EIO);
   return start_with_port(dev, std::move(port), cfg);
 }
@@ -561,8 +596,8 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
   uint32_t port_mtu = 1024;
   if (auto pa = dev_->query_port(1)) port_mtu = mtu_bytes(pa->active_mtu);
   const uint32_t mtu = ud ? port_mtu : std::max<uint32_t>(mtu_bytes(a.path_mtu), 256);
-  const wire::Endpoint local = port_->local();
-  wire::Endpoint peer = wire::Endpoint::v4(qp.av().dest_ipv4, cfg_.udp_port);
+  const wire::Endpoint peer = peer_endpoint(qp.av(), cfg_.udp_port);
+  const wire::Endpoint local = port_->local_for(peer);
 
   if (to == QpState::kReset) {
     reset_transport(qp);

@@ -51,15 +51,20 @@ namespace rnic::emu {
 
 
 struct EngineConfig {
-  // Bind address; empty = the device's configured IPv4 (DeviceConfig::ip).
+  // Bind address; empty = the device's GID table (every GID's address gets a socket; GID i
+  // sends from socket i). Set: that one address only.
   std::string ip;
   // UDP port to bind and to send to (RoCEv2: 4791). Tests may use another.
   uint16_t udp_port = wire::kRoceUdpPort;
   // Start the progress thread (timers, background receive, completion events).
   bool progress_thread = true;
-  // UDP GSO on send / GRO on receive (UdpPort): equal-sized packets of a message leave in one
-  // sendmsg and arrive coalesced. Off = one datagram per packet.
+  // UDP GSO on send (UdpPort): equal-sized packets of a message leave in one sendmsg. Off =
+  // one datagram per packet (SOFTRNIC_GSO; only safe where a batch is never cut, wire.md §4).
   bool gso = true;
+  // UDP GRO on receive, independent of gso: always safe, since the receiver splits a
+  // coalesced buffer by its segment size and checks each packet's ICRC on its own (with the
+  // segment's IP ID, or solving for it: wire.md §3). Tests turn it off to see single datagrams.
+  bool gro = true;
   // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
   // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
   // such poll (timers still run). 0 = the progress thread always receives. Off by default:
@@ -134,6 +139,11 @@ class TxBatch {
 
 // The calling thread's TxBatch (allocated on first use, then reused).
 TxBatch& tx_batch_for_thread();
+
+// Where packets for an address vector go: the DGID's IPv4 or IPv6 address at udp_port, sent
+// from the SGID (src_index) with the GRH's traffic class, flow label and hop limit (IPv6) and
+// the SGID interface for a link-local DGID.
+wire::Endpoint peer_endpoint(const Av& av, uint16_t udp_port);
 
 class Engine final : public TransportHooks {
  public:
@@ -213,6 +223,9 @@ class Engine final : public TransportHooks {
     return b;
   }
   uint16_t local_udp_port() const { return port_->local().port; }
+  // The local address a datagram to dst leaves from (dst.src_index = the SGID index): the
+  // source the ICRC and the UD GRH image are computed with.
+  const wire::Endpoint& local_for(const wire::Endpoint& dst) const { return port_->local_for(dst); }
   // Responder ACK coalescing: remember qp until the end of this receive batch. false if the
   // list is full (the caller sends the ACK at once). REQUIRES: receive context.
   bool defer_ack(Qp& qp) {

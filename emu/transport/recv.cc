@@ -71,9 +71,14 @@ enum class AddrCheck : uint8_t { kOk, kOkUnlatched, kBadIp, kBadPort };
 AddrCheck addr_ok(Engine& e, Qp& qp, const wire::RxDesc& d) {
   if (qp.type() == QpType::kUd) return AddrCheck::kOk;
   const Av& av = qp.av();
-  if (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4) return AddrCheck::kBadIp;
+  // From the DGID's address, to the SGID's (IPv4 or IPv6).
+  if (av.ipv4 ? (d.src.ipv6 || d.src.v4_host() != av.dest_ipv4)
+              : (!d.src.ipv6 || std::memcmp(d.src.addr, av.dgid, 16) != 0))
+    return AddrCheck::kBadIp;
+  const std::vector<GidEntry>& gids = e.device().gids();
   const bool dst_known = d.dst.ipv6 || d.dst.v4_host() != 0;
-  if (dst_known && (d.dst.ipv6 || d.dst.v4_host() != e.device().ipv4())) return AddrCheck::kBadIp;
+  if (dst_known && (av.sgid_index >= gids.size() || !d.dst.same_ip(gids[av.sgid_index].addr)))
+    return AddrCheck::kBadIp;
   const uint32_t mode = e.device().strict_src_mode();
   if (mode == 0) return AddrCheck::kOk;
   const uint32_t port = d.src.port;

@@ -319,7 +319,6 @@ bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
   Engine& e = x.e;
   ReqState& r = x.r;
   TxBatch& tx = x.tx;
-  const wire::Endpoint& local = x.local;
   const wire::PacketFields& f = k.f;
   const uint32_t plen = k.plen;
   if (tx.full()) {
@@ -338,8 +337,9 @@ bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
   wire::Endpoint dst;
   const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
   if (x.type == QpType::kUd) {
-    dst = wire::Endpoint::v4(w.av.dest_ipv4, e.config().udp_port);
-    wire::finish_roce(buf, hl, plen, wire::meta_between(local, dst, tx.ip_id_for(dst, len)));
+    dst = peer_endpoint(w.av, e.config().udp_port);
+    wire::finish_roce(buf, hl, plen,
+                      wire::meta_between(e.local_for(dst), dst, tx.ip_id_for(dst, len)));
   } else {
     dst = r.dst;
     wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));

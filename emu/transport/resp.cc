@@ -764,7 +764,13 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   }
   // The 40-byte GRH area: the IP header of the datagram as it arrived (wire/packet.h).
   std::array<uint8_t, 40> grh{};
-  (void)wire::write_grh_image(grh, wire::meta_between(k.d.src, k.d.dst), k.p.roce_len);
+  wire::IpUdpMeta im = wire::meta_between(k.d.src, k.d.dst);
+  im.tos = k.d.tos;
+  if (im.ipv6) {  // the IPv6 header is the GRH (IBA A17.4.5.1): hop limit and flow label too
+    im.ttl = k.d.hop_limit;
+    im.flow_label = k.d.flow_label;
+  }
+  (void)wire::write_grh_image(grh, im, k.p.roce_len);
   RNIC_TRACE("resp: qpn 0x%x UD %s psn %u len %u from %s", qp.qpn(), opcode_log_name(k.p.opcode),
              k.psn, k.plen, EndpointText(k.d.src).c_str());
   Cqe c = recv_cqe(qp, WcStatus::kSuccess);

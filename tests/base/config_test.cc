@@ -49,7 +49,7 @@ std::string good_value(const VarDecl& d) {
       std::string_view last = d.choices.substr(d.choices.rfind(',') + 1);
       return std::string(last.substr(0, last.find('/')));
     }
-    case VarType::kIpv4: return "127.0.0.9";
+    case VarType::kIp: return "127.0.0.9";
     case VarType::kLevel: return "trace";
   }
   return "";
@@ -62,7 +62,7 @@ std::string bad_value(const VarDecl& d) {
     case VarType::kU32: return std::to_string(d.max + 1);
     case VarType::kSeed: return "12ab";
     case VarType::kEnum: return "sometimes";
-    case VarType::kIpv4: return "300.1.2.3";
+    case VarType::kIp: return "300.1.2.3";
     case VarType::kLevel: return "loud";
     case VarType::kString:
     case VarType::kPath: return "";
@@ -137,6 +137,22 @@ TEST(Config, GsoModeParses) {
   EXPECT_NE(parse(Env{{"SOFTRNIC_GSO", "maybe"}}, &c).find("SOFTRNIC_GSO="), std::string::npos);
 }
 
+// SOFTRNIC_IP takes IPv6 too (issue 11): unicast global or ULA, link-local only with a zone;
+// never unspecified, multicast or IPv4-mapped.
+TEST(Config, IpAcceptsIpv6Unicast) {
+  for (const char* ok : {"fd00:1::2", "2001:db8::7", "::1", "fe80::1%lo", "10.1.2.3"}) {
+    Config c;
+    EXPECT_EQ(parse(Env{{"SOFTRNIC_IP", ok}}, &c), "") << ok;
+    ASSERT_TRUE(c.ip.has_value()) << ok;
+    EXPECT_EQ(*c.ip, ok);
+  }
+  for (const char* bad : {"::", "ff02::1", "::ffff:10.0.0.1", "fe80::1", "fd00::1%lo",
+                          "fe80::1%", "fd00::g", "224.0.0.1"}) {
+    Config c;
+    EXPECT_NE(parse(Env{{"SOFTRNIC_IP", bad}}, &c), "") << bad;
+  }
+}
+
 TEST(Config, ValuesLandInTheirFields) {
   Config c;
   Env env{{"SOFTRNIC_NAME", "mydev"},        {"SOFTRNIC_IP", "127.0.0.77"},
@@ -148,7 +164,7 @@ TEST(Config, ValuesLandInTheirFields) {
   ASSERT_EQ(parse(env, &c), "");
   EXPECT_EQ(c.name, "mydev");
   ASSERT_TRUE(c.ip.has_value());
-  EXPECT_EQ(*c.ip, htonl(0x7f00004du));
+  EXPECT_EQ(*c.ip, "127.0.0.77");
   EXPECT_EQ(c.mtu, 1024u);
   EXPECT_EQ(c.log, LogLevel::kDebug);
   EXPECT_EQ(c.log_file, "/tmp/l");
