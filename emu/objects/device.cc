@@ -64,8 +64,9 @@ bool v4_of(const sockaddr* sa, uint32_t* out) {
   return true;
 }
 
-// Interface address order in the GID table after index 0: IPv4, IPv6 global, IPv6 link-local.
-int gid_rank(const wire::Endpoint& e) { return !e.ipv6 ? 0 : e.link_local() ? 2 : 1; }
+// Interface address order in the GID table after index 0: IPv6 global, then IPv6 link-local;
+// other IPv4 addresses are not listed (-1: each may be another device's SOFTRNIC_IP).
+int gid_rank(const wire::Endpoint& e) { return !e.ipv6 ? -1 : e.link_local() ? 1 : 0; }
 
 }  // namespace
 
@@ -130,6 +131,7 @@ Result<uint32_t> interface_mtu_for(const std::string& ip) {
 }
 
 std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* nif) {
+  size_t t_size = 0;
   auto entry = [&](const wire::Endpoint& e) {
     GidEntry g;
     if (e.ipv6) {
@@ -140,6 +142,7 @@ std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* 
     }
     g.type = GidType::kRoceV2;
     g.addr = e;
+    g.addr.src_index = static_cast<uint8_t>(t_size);
     g.addr.port = 0;
     if (g.addr.link_local() && g.addr.scope_id == 0 && nif != nullptr) g.addr.scope_id = nif->index;
     if (nif != nullptr) g.netdev = nif->name;
@@ -149,9 +152,10 @@ std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* 
   // A loopback interface's addresses (::1, 127.0.0.1) belong to every device on the host, so
   // only the device's own address is listed there.
   if (nif == nullptr || nif->loopback) return t;
-  for (int rank = 0; rank < 3; ++rank) {
+  for (int rank = 0; rank < 2; ++rank) {
     for (const wire::Endpoint& e : nif->addrs) {
       if (gid_rank(e) != rank || e.same_ip(primary) || t.size() >= kGidTableLen) continue;
+      t_size = t.size();
       t.push_back(entry(e));
     }
   }
@@ -351,6 +355,13 @@ Result<PortAttr> Device::query_port(uint8_t port_num) const {
 Result<GidEntry> Device::query_gid(uint8_t port_num, int index) const {
   if (port_num != 1 || index < 0 || index >= static_cast<int>(gids_.size())) return Errc::kInval;
   return gids_[static_cast<size_t>(index)];
+}
+
+void Device::truncate_gids(size_t n) {
+  if (n >= 1 && n < gids_.size()) {
+    gids_.resize(n);
+    port_.gid_tbl_len = static_cast<int>(n);
+  }
 }
 
 Result<uint16_t> Device::query_pkey(uint8_t port_num, int index) const {

@@ -152,8 +152,9 @@ struct NetIf {
 Result<NetIf> interface_of(const std::string& ip);
 // The device's GID table (all RoCE v2): index 0 is `primary` (IPv4-mapped ::ffff:a.b.c.d for
 // IPv4); then, unless the interface is a loopback one (whose addresses every device on the
-// host shares), the interface's other addresses: IPv4 (mapped), IPv6 global, IPv6 link-local,
-// each group in the kernel's order; at most kGidTableLen entries.
+// host shares), the interface's IPv6 addresses: global, then link-local, each group in the
+// kernel's order; at most kGidTableLen entries. Other IPv4 addresses of the interface are not
+// listed: each may be the SOFTRNIC_IP of another device on the host.
 std::vector<GidEntry> gid_table_for(const wire::Endpoint& primary, const NetIf* nif);
 
 // Largest IB MTU whose payload plus kRoceHeaderOverhead fits in netdev_mtu
@@ -180,6 +181,9 @@ class Device : public std::enable_shared_from_this<Device> {
   uint32_t ipv4() const { return ipv4_; }  // host byte order; 0 if the device's IP is IPv6
   // The GID table (index = GID index); never empty.
   const std::vector<GidEntry>& gids() const { return gids_; }
+  // Keeps only the first n GIDs (n >= 1): the engine, at start and before any query, when it
+  // cannot bind the others (another device on the host holds them, DAD not finished).
+  void truncate_gids(size_t n);
 
   // ---- attributes ----
   const DeviceAttr& attr() const { return attr_; }

@@ -105,12 +105,13 @@ Result<std::shared_ptr<Engine>> Engine::start(const std::shared_ptr<Device>& dev
   int err = 0;
   std::unique_ptr<wire::UdpPort> port = wire::UdpPort::open(o, &err);
   if (!port && !o.more.empty()) {
-    // An address that cannot be bound (a tentative IPv6 address still in DAD, ...): run on the
-    // primary address alone; the other GIDs then receive nothing.
+    // An address that cannot be bound (another device on this host holds it, a tentative IPv6
+    // address still in DAD, ...): run on the primary address alone and list only GID 0.
     RNIC_LOG(kWarn, "cannot bind UDP %u on every GID of %s (%s): only on %s", cfg.udp_port,
              dev->name().c_str(), std::strerror(err), ep->ip_string().c_str());
     o.more.clear();
     port = wire::UdpPort::open(o, &err);
+    if (port) dev->truncate_gids(1);
   }
   if (!port) return static_cast<Errc>(err != 0 ? err : EIO);
   return start_with_port(dev, std::move(port), cfg);

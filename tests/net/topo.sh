@@ -1,12 +1,15 @@
 # tests/net/topo.sh: a test topology of N network namespaces ("hosts") on one Linux bridge, shared
 # by the tests in tests/net and by benchmarks. Source it, then:
 #   topo_require                      exit 77 (a meson skip) with the reason unless root + ip netns
-#   topo_up N [--mtu M] [--tso on|off] [--gso on|off] [--gro on|off]
+#   topo_up N [--mtu M] [--tso on|off] [--gso on|off] [--gro on|off] [--ipv6]
 #                                     create hosts 1..N: namespace $(topo_ns i), interface eth0
 #                                     with $(topo_ip i)/24 (10.<net>.0.i), MTU M (1500), offloads
 #                                     set on BOTH ends of every veth (--tso: tx-udp-segmentation)
 #   topo_exec i CMD [ARGS...]         run CMD in host i's namespace
 #   topo_ip i / topo_ns i             host i's address / namespace name
+#   --ipv6                            also $(topo_ip6 i)/64 (fd<net>::i, nodad) on eth0, and DAD
+#                                     off so the link-local fe80:: address is usable at once
+#   topo_ip6 i                        host i's IPv6 address
 #   TOPO_BRIDGE                       the bridge (capture on it: tshark -i "$TOPO_BRIDGE")
 #   topo_down                         delete everything (installed as an EXIT trap by topo_up;
 #                                     a caller with its own EXIT trap calls topo_down from it)
@@ -35,6 +38,7 @@ topo_require() {
 
 topo_ns() { echo "${TOPO_TAG}h$1"; }
 topo_ip() { echo "${TOPO_NET}.$1"; }
+topo_ip6() { echo "fd$(printf %02x "$(( ($$ % 200) + 20 ))")::$1"; }
 topo_exec() { local i="$1"; shift; ip netns exec "$(topo_ns "$i")" "$@"; }
 
 topo_down() {
@@ -57,13 +61,14 @@ topo_offloads() {
 
 topo_up() {
   local n="$1"; shift
-  local mtu=1500 tso=off gso=on gro=on
+  local mtu=1500 tso=off gso=on gro=on ipv6=0
   while [ $# -gt 0 ]; do
     case "$1" in
       --mtu) mtu="$2"; shift 2 ;;
       --tso) tso="$2"; shift 2 ;;
       --gso) gso="$2"; shift 2 ;;
       --gro) gro="$2"; shift 2 ;;
+      --ipv6) ipv6=1; shift ;;
       *) echo "topo_up: unknown option $1" >&2; return 2 ;;
     esac
   done
@@ -81,6 +86,10 @@ topo_up() {
     topo_offloads "$hv" "$tso" "$gso" "$gro"
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "$(topo_ip "$i")/24" dev eth0 || return 1
+    if [ "$ipv6" = 1 ]; then
+      ip netns exec "$ns" sysctl -qw net.ipv6.conf.eth0.accept_dad=0 net.ipv6.conf.eth0.disable_ipv6=0 || return 1
+      ip -n "$ns" addr add "$(topo_ip6 "$i")/64" dev eth0 nodad || return 1
+    fi
     ip -n "$ns" link set eth0 up || return 1
     ip netns exec "$ns" bash -c "$(declare -f topo_offloads); topo_offloads eth0 $tso $gso $gro"
   done
