@@ -60,6 +60,8 @@ enum class Ctr : uint8_t {
                         // (PSN-sequence NAK, lost response, timeout, probe, CNP)
   kRetransProbes,       // retrans_probes (ours): RTT-based probe timer expiries (the oldest
                         // unacknowledged packet resent; no retry_cnt spent)
+  kMtuExceeded,         // mtu_exceeded (ours): a packet longer than the receiving QP's path MTU
+                        // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

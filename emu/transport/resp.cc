@@ -443,13 +443,20 @@ Step check_resource(Qp& qp, const Pkt& k) {
   return Step::kCheckLength;
 }
 
-Step check_length(Qp& qp, const Pkt& k) {
+Step check_length(Engine& e, Qp& qp, const Pkt& k) {
   const RespState& s = qp.resp_;
   const uint32_t mtu = s.mtu;
   const bool start = k.mask & wire::kStartMask;
   const bool end = k.mask & wire::kEndMask;
   constexpr const char* kBadPayload = "payload length illegal for the opcode and path MTU";
   constexpr const char* kBadWrite = "WRITE payload disagrees with the RETH DMA length";
+  // IBA 9.7.5.1.4 / 9.6 (C9-20..22): the path MTU the QP got at RTR is the one that counts; a
+  // packet longer than it is a malformed length — Invalid Request NAK (RC), dropped (UC). A
+  // peer whose path MTU is larger than ours (SOFTRNIC_MTU differs) ends here.
+  if ((k.mask & wire::kPayloadMask) && k.plen > mtu) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kMtuExceeded);
+    return refuse(k, Step::kErrInvReq, "payload longer than the QP's path MTU");
+  }
   if (k.mask & wire::kPayloadMask) {
     if (start && end) {
       if (k.plen > mtu) return refuse(k, Step::kErrInvReq, kBadPayload);
@@ -752,7 +759,8 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   Device& dev = e.device();
   const auto deth = k.p.deth();
-  if (k.plen > s.mtu) {
+  if (k.plen > s.mtu) {  // longer than the port MTU (IBA C9-20): silently dropped, counted
+    bump(qp.comp_.ctr, dctr(e), Ctr::kMtuExceeded);
     bump(qp.comp_.ctr, dctr(e), Ctr::kUdDropped);
     RESP_LOG("drop", "UD message longer than the path MTU", Ctr::kUdDropped, qp, k);
     return RespOutcome::kOk;
@@ -915,7 +923,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       case Step::kCheckOpSeq: st = check_op_seq(qp, k); break;
       case Step::kCheckOpValid: st = check_op_valid(qp, k); break;
       case Step::kCheckResource: st = check_resource(qp, k); break;
-      case Step::kCheckLength: st = check_length(qp, k); break;
+      case Step::kCheckLength: st = check_length(e, qp, k); break;
       case Step::kCheckRkey: st = check_rkey(e, qp, k); break;
       case Step::kExecute: st = execute(e, qp, k); break;
       case Step::kComplete: st = complete(e, qp, k); break;

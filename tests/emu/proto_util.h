@@ -52,8 +52,8 @@ struct Node {
 
   // Engine on a MemNetwork port (progress thread off unless asked).
   static Node on_mem(wire::MemNetwork& net, const char* ip, bool thread = false,
-                     ErrorsMode errors = ErrorsMode::kSpec) {
-    Node n = make_dev(ip, errors);
+                     ErrorsMode errors = ErrorsMode::kSpec, uint32_t active_mtu = 0) {
+    Node n = make_dev(ip, errors, PinMode::kShadow, active_mtu);
     auto port = net.attach(*wire::Endpoint::parse(ip, wire::kRoceUdpPort));
     EXPECT_TRUE(port != nullptr);
     EngineConfig ec;
@@ -90,13 +90,15 @@ struct Node {
     ADD_FAILURE() << "no free loopback address for a device";
     return Node{};
   }
-  static Node make_dev(const char* ip, ErrorsMode errors, PinMode pin = PinMode::kShadow) {
+  static Node make_dev(const char* ip, ErrorsMode errors, PinMode pin = PinMode::kShadow,
+                       uint32_t active_mtu = 0) {
     Node n;
     n.ip = ip;
     DeviceConfig cfg;
     cfg.ip = ip;
     cfg.name = std::string("t_") + ip;
     cfg.netdev_mtu = 65536;
+    cfg.active_mtu = active_mtu;  // SOFTRNIC_MTU (0: from netdev_mtu, 4096)
     cfg.errors = errors;
     cfg.pin = pin;
     auto d = Device::open(cfg);
