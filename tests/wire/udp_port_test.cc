@@ -235,6 +235,75 @@ TEST(UdpPortTest, Ipv6Loopback) {
   EXPECT_EQ(rx.descs[0].len, 40u);
 }
 
+// The IPv6 header carries the GRH's traffic class, flow label and hop limit (TxDesc::dst), and
+// the receiver reports them (the UD GRH image needs them); label 0 stays 0 (no kernel hash).
+TEST(UdpPortTest, Ipv6HeaderFieldsFromTheDestinationAreSentAndReported) {
+  UdpPortOptions o;
+  o.bind = ep("::1", 0);
+  int err = 0;
+  auto a = UdpPort::open(o, &err);
+  if (a == nullptr && (err == EADDRNOTAVAIL || err == EAFNOSUPPORT)) GTEST_SKIP() << "no ::1";
+  ASSERT_NE(a, nullptr) << strerror(err);
+  auto b = UdpPort::open(o, &err);
+  ASSERT_NE(b, nullptr);
+  uint8_t p[40] = {6};
+  Endpoint d1 = b->local(), d2 = b->local();
+  d1.tclass = 0x68;  // DSCP 26, ECN 0
+  d1.flow_label = 0xabcde;
+  d1.hop_limit = 7;
+  TxDesc tx[2] = {{d1, p, 40, 0}, {d2, p, 40, 0}};
+  ASSERT_EQ(a->send_batch(std::span<const TxDesc>(tx, 2)), 2);
+  RxBufs rx(4);
+  std::vector<std::vector<uint8_t>> data;
+  auto got = recv_n(*b, rx, 2, &data);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].tos, 0x68);
+  EXPECT_EQ(got[0].flow_label, 0xabcdeu);
+  EXPECT_EQ(got[0].hop_limit, 7);
+  EXPECT_EQ(got[1].tos, 0);
+  EXPECT_EQ(got[1].flow_label, 0u);
+  EXPECT_EQ(got[1].hop_limit, 64);  // the kernel's default for ::1
+}
+
+// Several local addresses, one socket each: a datagram leaves from the one dst.src_index names
+// (its source address), the receiver reports which socket got it, and wait_fd covers all.
+TEST(UdpPortTest, SeveralAddressesOneSocketEachSourceChosenBySrcIndex) {
+  UdpPortOptions o;
+  o.bind = ep("127.0.0.1", 0);
+  o.more = {ep("::1", 0)};
+  int err = 0;
+  auto a = UdpPort::open(o, &err);
+  if (a == nullptr && (err == EADDRNOTAVAIL || err == EAFNOSUPPORT)) GTEST_SKIP() << "no ::1";
+  ASSERT_NE(a, nullptr) << strerror(err);
+  ASSERT_EQ(a->sockets(), 2u);
+  EXPECT_EQ(a->local(1).port, a->local(0).port);  // one UDP port for every address
+  EXPECT_TRUE(a->local(1).ipv6);
+  UdpPortOptions ob;
+  ob.bind = ep("127.0.0.1", 0);
+  ob.more = {ep("::1", 0)};
+  auto b = UdpPort::open(ob, &err);
+  ASSERT_NE(b, nullptr);
+  uint8_t p[40] = {6};
+  Endpoint to4 = b->local(0), to6 = b->local(1);
+  to6.src_index = 1;
+  EXPECT_TRUE(a->local_for(to6).ipv6);
+  EXPECT_FALSE(a->local_for(to4).ipv6);
+  TxDesc tx[2] = {{to6, p, 40, 0}, {to4, p, 40, 0}};
+  ASSERT_EQ(a->send_batch(std::span<const TxDesc>(tx, 2)), 2);
+  RxBufs rx(4);
+  std::vector<std::vector<uint8_t>> data;
+  auto got = recv_n(*b, rx, 2, &data);
+  ASSERT_EQ(got.size(), 2u);
+  int v6 = 0;
+  for (const RxDesc& d : got) {
+    EXPECT_EQ(d.src.ipv6, d.dst.ipv6);
+    EXPECT_EQ(d.dst.src_index, d.dst.ipv6 ? 1 : 0);
+    EXPECT_TRUE(d.src.same_ip(a->local(d.dst.ipv6 ? 1 : 0)));
+    v6 += d.src.ipv6;
+  }
+  EXPECT_EQ(v6, 1);
+}
+
 // Counts and optionally drops packets whose first byte is 0xDD.
 class CountingFilter : public PacketFilter {
  public:
