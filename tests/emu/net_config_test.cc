@@ -94,6 +94,55 @@ TEST(GidTable, AhFamiliesMustMatch) {
   EXPECT_EQ(d->create_ah(pd, a).error(), Errc::kInval);
 }
 
+// Two devices on IPv6 addresses (the in-memory network): RC WRITE and UD SEND over IPv6 GIDs;
+// the UD receive's GRH area is the IPv6 header as it arrived, and wc.sl = 1 (IPv6 L3 type).
+TEST(Ipv6Transport, RcWriteAndUdSendOverIpv6Gids) {
+  wire::MemNetwork net;
+  Node a = Node::on_mem(net, "fd00::a");
+  Node b = Node::on_mem(net, "fd00::b");
+  auto qa = a.qp(QpType::kRc), qb = b.qp(QpType::kRc);
+  connect_pair(a, qa, b, qb);
+  GuardedBuf src(5000), dst(5000);
+  src.pattern(3);
+  auto ms = a.mr(src.data(), src.n);
+  auto md = b.mr(dst.data(), dst.n);
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(src.data(), 5000, ms)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  w.rdma.rkey = md->rkey();
+  ASSERT_TRUE(post(qa, w).is_ok());
+  auto c = poll_n(*a.scq, 1, 5000, {&a, &b});
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess) << wc_status_name(c[0].status);
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), 5000), 0);
+
+  auto ua = a.qp(QpType::kUd), ub = b.qp(QpType::kUd);
+  ConnOpts o;
+  connect_qp(*a.dev, ua, nullptr, 0, o);
+  connect_qp(*b.dev, ub, nullptr, 0, o);
+  GuardedBuf rb(40 + 100);
+  auto mrb = b.mr(rb.data(), rb.n);
+  ASSERT_TRUE(post_recv(ub, 9, {sge(rb.data(), rb.n, mrb)}).is_ok());
+  auto ah = *a.dev->create_ah(a.pd, ah_to("fd00::b"));
+  Wr u = send_wr(WrOpcode::kSend, 2, {sge(src.data(), 100, ms)});
+  u.ud.ah = ah.get();
+  u.ud.remote_qpn = ub->qpn();
+  u.ud.remote_qkey = o.qkey;
+  ASSERT_TRUE(post(ua, u).is_ok());
+  ASSERT_EQ(poll_n(*a.scq, 1, 5000, {&a, &b}).size(), 1u);
+  auto r = poll_n(*b.rcq, 1, 5000, {&a, &b});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(r[0].byte_len, 140u);
+  EXPECT_EQ(r[0].sl, 1);  // IPv6 (mlx5's CQE L3 type; IPv4 is 2)
+  const uint8_t* g = rb.data();
+  EXPECT_EQ(g[0] >> 4, 6);                                   // version
+  EXPECT_EQ((g[4] << 8) | g[5], 8 + 12 + 8 + 100 + 4);       // payload: UDP+BTH+DETH+data+ICRC
+  EXPECT_EQ(g[6], 17);                                       // next header UDP
+  EXPECT_EQ(std::memcmp(g + 8, ep("fd00::a").addr, 16), 0);  // source GID
+  EXPECT_EQ(std::memcmp(g + 24, ep("fd00::b").addr, 16), 0);
+  EXPECT_EQ(std::memcmp(g + 40, src.data(), 100), 0);
+}
+
 // GRO is a receive decision: on with SOFTRNIC_GSO=off too (the receiver splits by segment).
 TEST(GroGso, ReceiveGroIsOnWhenSendGsoIsOff) {
   Node n = Node::make_dev("127.0.0.1", ErrorsMode::kSpec);

@@ -32,6 +32,11 @@ inline AhAttr ah_to(const char* ip) {
   a.port_num = 1;
   a.grh.sgid_index = 0;
   a.grh.hop_limit = 64;
+  auto e = wire::Endpoint::parse(ip, 0);
+  if (e && e->ipv6) {  // an IPv6 GID is the address itself
+    std::memcpy(a.grh.dgid, e->addr, 16);
+    return a;
+  }
   uint32_t v = ip4(ip);
   a.grh.dgid[10] = 0xff;
   a.grh.dgid[11] = 0xff;
