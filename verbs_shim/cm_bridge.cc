@@ -140,7 +140,7 @@ int cm_query(ibv_context* c, softrnic_cm_device_info* out) {
   Host* h = host_of(c);
   if (h == nullptr || out == nullptr) return ENODEV;
   std::memset(out, 0, sizeof *out);
-  out->ipv4 = h->ip_;
+  out->ipv4.s_addr = htonl(h->dev_->ipv4());  // 0.0.0.0 on an IPv6 device (rdma_cm: IPv4 only)
   auto g = h->dev_->query_gid(1, 0);
   if (g.has_value()) std::memcpy(out->gid, g.value().raw.data(), 16);
   out->node_guid = to_ctx(c)->dev_->node_guid_be_;
