@@ -96,7 +96,7 @@ bool gid_usable(const std::array<uint8_t, 16>& g) {
 template <size_t N>
 void copy_pd(std::array<uint8_t, N>* dst, std::span<const uint8_t> src) {
   dst->fill(0);
-  std::memcpy(dst->data(), src.data(), std::min(N, src.size()));
+  if (!src.empty()) std::memcpy(dst->data(), src.data(), std::min(N, src.size()));
 }
 
 template <size_t N>
@@ -765,9 +765,12 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
       }
       return;
     }
-    // Stale: (remote QPN, remote CA GUID) still in timewait.
+    // Stale: (remote QPN, remote CA GUID) still in timewait. A timewait whose deadline has
+    // passed is over even if the timer thread has not run yet (the peer's, started later,
+    // may already have ended and let it reconnect).
+    const uint64_t now = now_ns();
     for (auto& [id, c] : conns_) {
-      if (c.st == St::kTimewait && c.remote_guid == r.local_ca_guid &&
+      if (c.st == St::kTimewait && c.deadline > now && c.remote_guid == r.local_ca_guid &&
           c.remote_qpn == r.local_qpn && c.remote_qpn != 0) {
         send_stateless_rej(h.tid, from, r.local_comm_id, kRejStaleConn);
         return;

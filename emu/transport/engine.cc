@@ -291,7 +291,7 @@ Status Engine::send_gsi(const wire::Endpoint& dst, uint32_t dest_qpn, uint16_t p
   uint8_t* buf = tx.next();
   const size_t hl = wire::write_roce_headers(buf, f, payload.size());
   if (hl == 0) return Errc::kInval;
-  std::memcpy(buf + hl, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(buf + hl, payload.data(), payload.size());
   const auto len = static_cast<uint32_t>(wire::roce_len(hl, payload.size()));
   wire::finish_roce(buf, hl, payload.size(),
                     wire::meta_between(port_->local(), dst, tx.ip_id_for(dst, len)));
