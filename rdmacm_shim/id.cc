@@ -382,7 +382,11 @@ RDMACM_EXPORT int rdma_create_id(struct rdma_event_channel* channel, struct rdma
                                  enum rdma_port_space ps) {
   return guard([&] {
     if (int rc = ucma_init(); rc != 0) return fail(rc);
-    if (id == nullptr || !valid_ps(ps)) return fail(EINVAL);
+    // A caller may pass any int: read it as one (an out-of-range enum load is undefined).
+    int ps_raw;
+    static_assert(sizeof ps_raw == sizeof ps);
+    std::memcpy(&ps_raw, &ps, sizeof ps_raw);
+    if (id == nullptr || !valid_ps(ps_raw)) return fail(EINVAL);
     std::lock_guard<std::mutex> lk(g().mu);
     Id* i = id_new(channel ? to_channel(channel) : nullptr, context, ps, ud_ps(ps) ? IBV_QPT_UD : IBV_QPT_RC);
     if (i == nullptr) return -1;

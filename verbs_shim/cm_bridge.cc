@@ -37,7 +37,7 @@ int pos(int64_t rc) { return rc < 0 ? static_cast<int>(-rc) : 0; }
 
 void copy_pdata(softrnic_cm_msg* m, const std::vector<uint8_t>& v) {
   size_t n = std::min(v.size(), sizeof m->private_data);
-  std::memcpy(m->private_data, v.data(), n);
+  if (n != 0) std::memcpy(m->private_data, v.data(), n);
   m->private_data_len = static_cast<uint32_t>(n);
 }
 
