@@ -178,16 +178,23 @@ SHIM_EXPORT int ibv_get_async_event(struct ibv_context* context, struct ibv_asyn
     return -1;
   }
   Context* ctx = to_ctx(context);
-  uint64_t v = 0;
-  if (read(context->async_fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;
-  std::lock_guard<std::mutex> lk(ctx->async_mu_);
-  if (ctx->async_q_.empty()) {
-    errno = EAGAIN;
-    return -1;
+  // One eventfd count per event posted; a destroyed object's unread events leave their
+  // counts behind, so a count with no event is read past (blocking fd) or is EAGAIN.
+  for (;;) {
+    uint64_t v = 0;
+    if (read(context->async_fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;
+    std::lock_guard<std::mutex> lk(ctx->async_mu_);
+    if (!ctx->async_q_.empty()) {
+      *event = ctx->async_q_.front();
+      ctx->async_q_.pop_front();
+      if (const void* obj = async_object(*event)) ++ctx->async_reported_[obj];
+      return 0;
+    }
+    if (fcntl(context->async_fd, F_GETFL) & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
   }
-  *event = ctx->async_q_.front();
-  ctx->async_q_.pop_front();
-  return 0;
 }
 
 SHIM_EXPORT void ibv_ack_async_event(struct ibv_async_event* event) {

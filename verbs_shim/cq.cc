@@ -228,7 +228,8 @@ SHIM_EXPORT int ibv_destroy_cq(struct ibv_cq* cq) {
       --cq->channel->refcnt;
       pthread_mutex_unlock(&context->mutex);
     }
-    c->emu_->user_context = nullptr;
+    const uint32_t reported = to_ctx(context)->retire_async(&c->emu_->user_context, cq);
+    wait_async_acks(&cq->mutex, &cq->cond, &cq->async_events_completed, reported);
     pthread_mutex_destroy(&cq->mutex);
     pthread_cond_destroy(&cq->cond);
     delete c;

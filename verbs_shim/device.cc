@@ -123,6 +123,50 @@ int device_list_snapshot(DeviceEntry** out, int max) {
   return 1;
 }
 
+const void* async_object(const ibv_async_event& ev) {
+  switch (ev.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      return ev.element.cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return ev.element.qp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return ev.element.srq;
+    default:
+      return nullptr;
+  }
+}
+
+uint32_t Context::retire_async(void** user_context, const void* obj) {
+  {
+    std::lock_guard<std::mutex> lk(host_->ctx_mu_);  // the dispatcher posts under it
+    *user_context = nullptr;
+  }
+  std::lock_guard<std::mutex> lk(async_mu_);
+  // Their eventfd counts stay: ibv_get_async_event reads past a count with no event.
+  std::erase_if(async_q_, [obj](const ibv_async_event& e) { return async_object(e) == obj; });
+  uint32_t n = 0;
+  if (auto it = async_reported_.find(obj); it != async_reported_.end()) {
+    n = it->second;
+    async_reported_.erase(it);
+  }
+  return n;
+}
+
+void wait_async_acks(pthread_mutex_t* mu, pthread_cond_t* cond, const uint32_t* completed,
+                     uint32_t reported) {
+  pthread_mutex_lock(mu);
+  while (*completed != reported) pthread_cond_wait(cond, mu);
+  pthread_mutex_unlock(mu);
+}
+
 void Context::post_async(const ibv_async_event& ev) {
   {
     std::lock_guard<std::mutex> lk(async_mu_);

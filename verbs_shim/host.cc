@@ -88,6 +88,9 @@ bool gso_for(base::GsoMode mode, const std::string& ip) {
 
 // Translates one emu event into the verbs event of the context that owns the object.
 void dispatch(Host* h, emu::AsyncEvent& ev) {
+  // Held while the back pointer is read: destroy clears it under this lock
+  // (Context::retire_async), so no event names an object being freed.
+  std::lock_guard<std::mutex> lk(h->ctx_mu_);
   ibv_async_event out{};
   out.event_type = static_cast<ibv_event_type>(ev.type);
   Context* owner = nullptr;
@@ -109,7 +112,6 @@ void dispatch(Host* h, emu::AsyncEvent& ev) {
   } else {
     out.element.port_num = ev.port_num;
   }
-  std::lock_guard<std::mutex> lk(h->ctx_mu_);
   for (Context* c : h->contexts_) {
     if (owner == nullptr || owner == c) c->post_async(out);
   }

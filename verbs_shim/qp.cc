@@ -620,7 +620,8 @@ SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
     Qp* q = to_qp(qp);
     emu::Status st = to_ctx(qp->context)->emu_->destroy_qp(q->emu_);
     if (!st.is_ok()) return err_of(st);
-    q->emu_->user_context = nullptr;
+    const uint32_t reported = to_ctx(qp->context)->retire_async(&q->emu_->user_context, qp);
+    wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, reported);
     pthread_mutex_destroy(&qp->mutex);
     pthread_cond_destroy(&qp->cond);
     delete q;

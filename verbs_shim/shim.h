@@ -16,6 +16,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "emu/objects/device.h"
@@ -64,9 +65,25 @@ struct Context {
   emu::Device* emu_ = nullptr;  // == host_->dev_.get()
   std::mutex async_mu_;
   std::deque<ibv_async_event> async_q_;  // events not yet returned by ibv_get_async_event
+  // Per object (its ibv_qp/ibv_cq/ibv_srq): events ibv_get_async_event handed out, the
+  // kernel's events_reported, which destroy waits to see acked.
+  std::unordered_map<const void*, uint32_t> async_reported_;
   // Queues an async event and makes async_fd readable. Thread-safe.
   void post_async(const ibv_async_event& ev);
+  // Destroy of the object `obj` (a QP, CQ or SRQ of this context), after its engine object is
+  // gone and `*user_context` (the emu object's back pointer) has been cleared here under the
+  // dispatcher's lock, so no new event can name it: drops its events not yet read and
+  // returns how many were handed out. (The kernel drops an object's unread events at destroy
+  // and answers events_reported; libibverbs then waits for that many acks.)
+  uint32_t retire_async(void** user_context, const void* obj);
 };
+// The object an async event names, or nullptr for a port or device event.
+const void* async_object(const ibv_async_event& ev);
+// Blocks until `*completed` (the ibv_* struct's events_completed, bumped by ack under `mu`)
+// reaches `reported`, as libibverbs' destroy does: the object is freed only after every event
+// the application got for it was acked.
+void wait_async_acks(pthread_mutex_t* mu, pthread_cond_t* cond, const uint32_t* completed,
+                     uint32_t reported);
 inline Context* to_ctx(ibv_context* c) {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
 }

@@ -125,7 +125,8 @@ SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq* srq) {
     Srq* s = to_srq(srq);
     emu::Status st = to_ctx(srq->context)->emu_->destroy_srq(s->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while QPs use it
-    s->emu_->user_context = nullptr;
+    const uint32_t reported = to_ctx(srq->context)->retire_async(&s->emu_->user_context, srq);
+    wait_async_acks(&srq->mutex, &srq->cond, &srq->events_completed, reported);
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
     delete s;

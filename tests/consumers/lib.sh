@@ -35,3 +35,14 @@ pcap_packets() {
   [ -s "$1" ] && n=$(capinfos -M -c "$1" 2>/dev/null | awk -F: '/Number of packets/ {gsub(/ /, "", $2); print $2}')
   echo "${n:-0}"
 }
+
+# show_log FILE: the last 20 lines of a program's output, and a sanitizer report in it whole
+# (its stack is what explains a failure; the tail is only ASan's legend).
+show_log() {
+  local f=$1
+  if grep -q -E '^(==[0-9]+==ERROR|SUMMARY): (AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer)|runtime error:' "$f"; then
+    grep -E -A60 '^==[0-9]+==ERROR|runtime error:' "$f" | grep -v -E '^ +(Addressable|Partially|Heap|Freed|Stack|Global|Poisoned|Container|Array|Intra|ASan|Left|Right)' | head -80
+    echo "..."
+  fi
+  tail -20 "$f"
+}

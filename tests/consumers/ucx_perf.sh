@@ -42,7 +42,7 @@ for spec in "$@"; do
   lat=$(awk '{print $3}' <<<"$final"); bw=$(awk '{print $7}' <<<"$final")
   if [ "$crc" -ne 0 ] || [ "$src" -ne 0 ] || [ -z "$final" ]; then
     echo "FAIL: $tls $t $size: client exit $crc, server exit $src"
-    echo "== server"; tail -20 "$work/s.out"; echo "== client"; tail -20 "$work/c.out"
+    echo "== server"; show_log "$work/s.out"; echo "== client"; show_log "$work/c.out"
     fail=1
   elif [ "$tls" != tcp ] && [ -n "$pcap" ] && [ "$pkts" -lt "$iters" ]; then
     echo "FAIL: $tls $t $size: only $pkts RoCE packets for $iters iterations (not over softrnic?)"

@@ -6,8 +6,11 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -323,6 +326,57 @@ TEST_F(ErrnoTest, AsyncEventReachesOwningContext) {
   ibv_ack_async_event(&ev);
   EXPECT_EQ(qp->events_completed, 1u);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+// ibv_destroy_qp waits until the events the application got for the QP are acked (an
+// async thread still holds one and acks it into the ibv_qp: UCX does), and drops the events it
+// never read, as the kernel does: nothing names the freed QP afterwards.
+TEST_F(ErrnoTest, DestroyWaitsForAckAndDropsUnreadEvents) {
+  ibv_srq_init_attr si{};
+  si.attr.max_wr = 4;
+  si.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ASSERT_NE(srq, nullptr);
+  auto to_err = [&](ibv_qp* qp) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                        IBV_QP_ACCESS_FLAGS), 0);
+    a = {};
+    a.qp_state = IBV_QPS_ERR;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+  };
+  ibv_qp* held = make_qp(IBV_QPT_RC, srq);
+  ASSERT_NE(held, nullptr);
+  to_err(held);
+  pollfd p{ctx_->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
+  ASSERT_EQ(ev.element.qp, held);
+  std::atomic<bool> destroyed{false};
+  std::thread t([&] {
+    EXPECT_EQ(ibv_destroy_qp(held), 0);
+    destroyed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(destroyed.load()) << "destroy returned with an event not acked";
+  ibv_ack_async_event(&ev);  // writes into the ibv_qp: it must still be there
+  t.join();
+  EXPECT_TRUE(destroyed.load());
+
+  // An event never read: destroy drops it, and the fd (non-blocking) then reports EAGAIN
+  // rather than an event naming the freed QP.
+  ibv_qp* unread = make_qp(IBV_QPT_RC, srq);
+  ASSERT_NE(unread, nullptr);
+  to_err(unread);
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  EXPECT_EQ(ibv_destroy_qp(unread), 0);
+  ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, fcntl(ctx_->async_fd, F_GETFL) | O_NONBLOCK), 0);
+  EXPECT_EQ(ibv_get_async_event(ctx_, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
 }
 
