@@ -74,6 +74,7 @@ struct RespState {
   // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
   bool ack_pending = false;
   bool ack_listed = false;       // QP is in the engine's pending-ACK list
+  uint8_t ack_reqs = 0;          // AckReqs coalesced into the pending ACK beyond the first
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY

@@ -496,8 +496,8 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
   }
   if (run) {
     comp_retire(e, qp);
-    req_run(e, qp);
-    // Re-arm even if nothing new was sent (the retried packets count as sent).
+    req_run(e, qp);  // the resent packet re-arms the timers (send_batch, the clock)
+    // Re-arm even if nothing was sent (the retried packets count as sent).
     if (c.timeout_ns != 0 && !r.rnr_wait && psn_diff(r.max_psn, c.psn) > 0 &&
         qp.state() == QpState::kRts)
       comp_arm_retrans(e, qp, now_ns);

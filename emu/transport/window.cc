@@ -87,7 +87,7 @@ void win_rtt_start(SendWindow& w, uint32_t psn, uint64_t now_ns) {
 
 uint64_t win_pto_ns(const SendWindow& w) {
   if (w.srtt_ns == 0) return kInitialProbeNs;
-  return std::max(w.srtt_ns + 2 * w.rttvar_ns, kMinProbeNs);
+  return std::clamp(w.srtt_ns + 2 * w.rttvar_ns, kMinProbeNs, kMaxProbeNs);
 }
 
 uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack) {

@@ -14,9 +14,11 @@ namespace rnic::emu {
 // IBA local ACK timer: timeout_ns << backoff, backoff at most this (x8), reset on progress.
 inline constexpr uint8_t kMaxTimeoutBackoff = 3;
 // Probe timer: pto << probe_backoff, probe_backoff at most this.
-inline constexpr uint8_t kMaxProbeBackoff = 10;
+inline constexpr uint8_t kMaxProbeBackoff = 4;
 // Probe timer floor, and its value before the first RTT sample.
 inline constexpr uint64_t kMinProbeNs = 200'000;
+// ... and its ceiling: a deep queue inflates srtt, and a late probe is a long stall.
+inline constexpr uint64_t kMaxProbeNs = 2'000'000;
 // Increase steps (one per window of PSNs acknowledged) after a cut: the first
 // kFastRecoveryRounds move the window halfway back to the target (the window before the cut);
 // after them the target itself grows by kAiStep PSNs per step (DCQCN's reaction point shape).
@@ -47,7 +49,8 @@ void win_collapse(SendWindow& w, uint32_t max_psn);
 void win_rtt_start(SendWindow& w, uint32_t psn, uint64_t now_ns);
 inline void win_rtt_cancel(SendWindow& w) { w.rtt_pending = false; }
 
-// The probe timeout: srtt + 2 rttvar, at least kMinProbeNs (kInitialProbeNs before a sample).
+// The probe timeout: srtt + 2 rttvar within [kMinProbeNs, kMaxProbeNs] (kInitialProbeNs before
+// a sample).
 // Shorter than TCP's RTO on purpose: a spurious probe costs one duplicate packet, nothing else.
 uint64_t win_pto_ns(const SendWindow& w);
 

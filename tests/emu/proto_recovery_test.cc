@@ -1,0 +1,257 @@
+// tests/emu/proto_recovery_test.cc: protocol tests of loss recovery and the adaptive sending
+// window (docs/congestion.md) over the in-memory port: the device is the requester, a raw
+// peer plays the responder with hand-built ACKs, NAKs and CNPs; timers are fired by hand
+// (Engine::run_timers with a chosen "now"), so nothing depends on the machine's speed.
+#include <gtest/gtest.h>
+
+#include "emu/transport/req.h"
+#include "emu/transport/window.h"
+#include "tests/emu/proto_util.h"
+
+namespace rnic::emu::test {
+namespace {
+
+namespace op = wire::op;
+namespace aeth = wire::aeth;
+
+constexpr uint32_t kPeerQpn = 0x000456;
+constexpr uint32_t kSpsn = 500;
+
+class RecoveryTest : public ::testing::Test {
+ protected:
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  std::shared_ptr<Qp> qp;
+  GuardedBuf buf{8 << 20};
+  std::shared_ptr<Mr> mb;
+
+  void SetUp() override { setup({}); }
+  void setup(ConnOpts o) {
+    qp = s.qp(QpType::kRc);
+    o.sq_psn = kSpsn;
+    o.rq_psn = 1;
+    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+    buf.pattern(5);
+    mb = s.mr(buf.data(), buf.n);
+  }
+  // An RDMA WRITE of n packets (MTU 1024).
+  void write_pkts(uint64_t id, uint32_t n, uint32_t off = 0) {
+    Wr w = send_wr(WrOpcode::kRdmaWrite, id, {sge(buf.data() + off, n * 1024, mb)});
+    w.rdma.remote_addr = 0x10000;
+    w.rdma.rkey = 0x777;
+    ASSERT_TRUE(post(qp, w).is_ok());
+  }
+  std::vector<Captured> sent() { return p.recv_all(); }
+  void respond(uint8_t opcode, uint32_t psn, uint8_t syndrome) {
+    wire::PacketFields f;
+    f.opcode = opcode;
+    f.dest_qp = qp->qpn();
+    f.psn = psn;
+    f.syndrome = syndrome;
+    f.msn = 1;
+    p.send(f);
+    s.eng->poll_rx();
+  }
+  void ack(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::ack(aeth::kCreditInvalid)); }
+  void nak_seq(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::nak(aeth::kNakPsnSeqError)); }
+  void cnp() {
+    wire::PacketFields f;
+    f.opcode = op::kCnp;
+    f.dest_qp = qp->qpn();
+    p.send(f);
+    s.eng->poll_rx();
+  }
+  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
+  uint32_t cwnd() {
+    std::lock_guard lk(qp->send_mutex());
+    return qp->comp_.win.cwnd;
+  }
+  SendWindow win() {
+    std::lock_guard lk(qp->send_mutex());
+    return qp->comp_.win;
+  }
+};
+
+// A single packet lost in a 100-packet window: the responder (in order, IBA) NAKs the PSN it
+// expects; the requester resends from that PSN — only the packets the responder discarded,
+// nothing it acknowledged — and halves its window once.
+TEST_F(RecoveryTest, SingleDropInA100PacketWindowResendsFromTheNakPsn) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns);
+  nak_seq(kSpsn + 95);  // PSN 595 lost: 596..599 were discarded
+  auto out = sent();
+  ASSERT_EQ(out.size(), 5u) << "resent the window, not from the NAK's PSN";
+  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(out[i].psn(), kSpsn + 95 + i);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data() + 95 * 1024, 1024));
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 5u);
+  EXPECT_EQ(ctr(Ctr::kRetransBytes), [&] {
+    uint64_t b = 0;
+    for (auto& c : out) b += c.bytes.size();
+    return b;
+  }());
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  ack(kSpsn + 99);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+}
+
+// No storm: with the full 512-PSN window in flight, a NAK resends from its PSN only as far as
+// the halved window allows (go-back-N used to resend all 512 at once), and a second NAK for
+// data sent before the cut does not cut again.
+TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
+  for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
+  ASSERT_EQ(sent().size(), kMaxUnackedPsns);
+  nak_seq(kSpsn + 10);
+  auto out = sent();
+  // Window 256 from PSN 510: 510..765.
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(out.front().psn(), kSpsn + 10);
+  EXPECT_EQ(out.back().psn(), kSpsn + 10 + kMaxUnackedPsns / 2 - 1);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), kMaxUnackedPsns / 2);
+  // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Resend from
+  // there, still within the window; the same episode does not cut again.
+  nak_seq(kSpsn + 20);
+  out = sent();
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(out.front().psn(), kSpsn + 20);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+}
+
+// The retransmit timer (IBA local ACK timeout): the oldest unacknowledged packet goes alone,
+// the timeout doubles per expiry up to x8, and an ACK resets it and lets the rest follow.
+TEST_F(RecoveryTest, TimeoutResendsOldestFirstWithBoundedBackoff) {
+  write_pkts(1, 1);
+  write_pkts(2, 1, 1024);
+  write_pkts(3, 1, 2048);
+  ASSERT_EQ(sent().size(), 3u);
+  const uint64_t t = ack_timeout_ns(14);
+  for (uint8_t i = 1; i <= 5; ++i) {
+    // Fire everything due within the next hour; the resent packet re-arms from the clock.
+    const uint64_t t0 = wire::monotonic_ns();
+    s.eng->run_timers(t0 + 3'600'000'000'000ull);
+    const uint64_t t1 = wire::monotonic_ns();
+    auto out = sent();
+    ASSERT_EQ(out.size(), 1u) << "expiry " << int(i);
+    EXPECT_EQ(out[0].psn(), kSpsn) << "not the oldest";
+    const SendWindow w = win();
+    const uint8_t b = std::min<uint8_t>(i, kMaxTimeoutBackoff);
+    EXPECT_EQ(w.backoff, b);
+    EXPECT_EQ(w.cwnd, 1u);
+    EXPECT_GE(w.iba_deadline_ns, t0 + (t << b)) << "expiry " << int(i);
+    EXPECT_LE(w.iba_deadline_ns, t1 + (t << b)) << "expiry " << int(i);
+  }
+  EXPECT_EQ(ctr(Ctr::kLocalAckTimeoutErr), 5u);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 5u);
+  ack(kSpsn);  // progress: backoff reset; window 2 (slow start) lets 501 and 502 go
+  EXPECT_EQ(win().backoff, 0);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
+  EXPECT_EQ(out[1].psn(), kSpsn + 2);
+  ack(kSpsn + 2);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 3u);
+}
+
+// A lost NAK (or lost last ACKs): the probe timer fires long before the IBA timeout, resends
+// only the oldest unacknowledged packet, spends no retry_cnt and keeps the window.
+TEST_F(RecoveryTest, ProbeResendsOnlyTheOldestBeforeTheIbaTimeout) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  const SendWindow w0 = win();
+  ASSERT_NE(w0.probe_deadline_ns, 0u);
+  ASSERT_LT(w0.probe_deadline_ns, w0.iba_deadline_ns);
+  s.eng->run_timers(w0.probe_deadline_ns);  // the NAK for PSN 550 never came
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_TRUE(out[0].f.ack_req);
+  EXPECT_EQ(ctr(Ctr::kRetransProbes), 1u);
+  EXPECT_EQ(ctr(Ctr::kLocalAckTimeoutErr), 0u);
+  EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 0u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns);
+  EXPECT_EQ(win().probe_backoff, 1);
+  // The responder answers the probe (a duplicate up to 549) and NAKs 550 for the rest.
+  nak_seq(kSpsn + 50);
+  out = sent();
+  ASSERT_EQ(out.size(), 50u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 50);
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+  EXPECT_EQ(win().probe_backoff, 0);
+}
+
+// A CNP halves the window once; acknowledged windows grow it back towards where it was.
+TEST_F(RecoveryTest, CnpHalvesTheWindowAndItGrowsBack) {
+  cnp();
+  EXPECT_EQ(ctr(Ctr::kCnpRcvd), 1u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  for (uint32_t i = 0; i < 50; ++i) write_pkts(i, 100, i * 100 * 1024);  // 5000 packets
+  auto out = sent();
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2) << "the CNP did not limit the flight";
+  // Acknowledge window by window: fast recovery moves halfway back each time, and the
+  // requester keeps exactly cwnd PSNs in flight.
+  uint32_t acked = kSpsn - 1, top = kSpsn + static_cast<uint32_t>(out.size()) - 1;
+  std::vector<uint32_t> seen{cwnd()};
+  for (int step = 0; step < 9; ++step) {
+    acked = top;
+    ack(acked);
+    out = sent();
+    top += static_cast<uint32_t>(out.size());
+    seen.push_back(cwnd());
+    EXPECT_EQ(top - acked, cwnd()) << "step " << step;
+  }
+  EXPECT_EQ(seen[1], (256u + 512u) / 2);  // 256 384 448 480 496 504 508 510 511 512
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GT(seen[i], seen[i - 1]);
+  EXPECT_EQ(seen.back(), kMaxUnackedPsns);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 0u);
+}
+
+// A CNP from somewhere else than the QP's peer is counted but does not throttle the QP.
+TEST_F(RecoveryTest, CnpFromAStrangerDoesNotCutTheWindow) {
+  Peer other{net, "127.0.0.9", "127.0.0.3"};
+  wire::PacketFields f;
+  f.opcode = op::kCnp;
+  f.dest_qp = qp->qpn();
+  other.send(f);
+  s.eng->poll_rx();
+  EXPECT_EQ(ctr(Ctr::kCnpRcvd), 1u);
+  EXPECT_EQ(ctr(Ctr::kDropAddr), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns);
+}
+
+// The window's arithmetic (window.h) on its own.
+TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
+  SendWindow w;
+  win_reset(w, 512);
+  EXPECT_TRUE(win_cut(w, 1000));
+  EXPECT_EQ(w.cwnd, 256u);
+  EXPECT_FALSE(win_cut(w, 1200));  // same episode: comp psn has not reached 1000
+  win_on_progress(w, 10, 1000, 1);  // episode over
+  EXPECT_TRUE(win_cut(w, 1500));
+  EXPECT_EQ(w.cwnd, 128u);
+  win_collapse(w, 1600);
+  EXPECT_EQ(w.cwnd, 1u);
+  EXPECT_EQ(w.ssthresh, 128u);  // the same episode: the cut's threshold stays
+  win_on_progress(w, 1, 1601, 2);  // slow start: +1 per PSN up to ssthresh
+  EXPECT_EQ(w.cwnd, 2u);
+  win_on_progress(w, 126, 1727, 3);
+  EXPECT_EQ(w.cwnd, 128u);
+  for (int i = 0; i < 200; ++i) win_on_progress(w, w.cwnd, 2000 + i * 600, 4);
+  EXPECT_EQ(w.cwnd, 512u);  // bounded by max
+  // Never below 1.
+  for (int i = 0; i < 20; ++i) {
+    win_cut(w, 100000u + i);
+    win_on_progress(w, 0, 100000u + i, 5);
+  }
+  EXPECT_EQ(w.cwnd, 1u);
+  EXPECT_EQ(win_ackreq_every(w, 64), 1u);
+}
+
+}  // namespace
+}  // namespace rnic::emu::test
