@@ -62,7 +62,6 @@ enum class Ctr : uint8_t {
                         // unacknowledged packet resent; no retry_cnt spent)
   kMtuExceeded,         // mtu_exceeded (ours): a packet longer than the receiving QP's path MTU
                         // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
-  kCnpSent,             // cnp_sent (ours): CNPs sent for ECN-CE marked requests
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

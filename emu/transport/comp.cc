@@ -153,11 +153,11 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
 }
 
-// A loss signal (PSN-sequence NAK, lost READ/ATOMIC response): halve the window once per
-// window of data.
-void loss_cut(Engine& e, Qp& qp) {
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one) or a CNP (once per window
+// of data) halves the window (docs/congestion.md §3).
+void window_cut(Engine& e, Qp& qp, bool every) {
   CompState& c = qp.comp_;
-  if (win_cut(c.win, qp.req_.max_psn)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
+  if (win_cut(c.win, qp.req_.max_psn, every)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
 }
 
 WcStatus nak_status(uint8_t code) {
@@ -264,7 +264,7 @@ void latch_retry(Engine& e, Qp& qp, Resp& k) {
   if (c.retry_latched) return;
   c.retry_latched = true;
   k.retry = true;
-  loss_cut(e, qp);
+  window_cut(e, qp, true);
 }
 
 CompStep check_psn(Qp& qp, const Resp& k) {
@@ -324,7 +324,7 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
   if (code == aeth::kNakPsnSeqError) {
     bump(c.ctr, e.counters(), Ctr::kRcvdSeqErr);
     k.retry = true;  // resend from the NAK's PSN (comp psn now), as the halved window allows
-    loss_cut(e, qp);
+    window_cut(e, qp, true);
     return CompStep::kUpdateComp;
   }
   bump(c.ctr, e.counters(), Ctr::kNakRcvd);
@@ -527,7 +527,7 @@ void comp_arm_retrans(Engine& e, Qp& qp, uint64_t now_ns) {
 
 void comp_on_cnp(Engine& e, Qp& qp) {
   if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
-  loss_cut(e, qp);
+  window_cut(e, qp, false);
 }
 
 }  // namespace rnic::emu

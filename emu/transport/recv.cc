@@ -300,7 +300,7 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
 void on_cnp(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p) {
   Counters& dc = e.counters();
   Counters& qc = qp.comp_.ctr;
-  bump(qc, dc, Ctr::kCnpRcvd);
+  qc.add(Ctr::kCnpRcvd);  // (the device counter: recv_packet)
   RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p.bth().dest_qp());
   std::lock_guard lk(qp.send_mutex());
   if (qp.comp_.dead || qp.type() != QpType::kRc) return;
@@ -350,19 +350,18 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
   wire::PacketView p;
   if (!parse_ok(dc, d, roce, &p)) return;
+  if (wire::is_cnp(p.opcode)) {
+    dc.add(Ctr::kCnpRcvd);  // counted whatever QP it names
+    if (p.bth().dest_qp() == kGsiQpn) return;
+    if (std::shared_ptr<Qp> cq = find_dest_qp(e, d, p)) on_cnp(e, *cq, d, p);
+    return;
+  }
   if (p.bth().dest_qp() == kGsiQpn) {
     deliver_gsi(e, d, p);
     return;
   }
   std::shared_ptr<Qp> qp = find_dest_qp(e, d, p);
-  if (!qp) {
-    if (wire::is_cnp(p.opcode)) dc.add(Ctr::kCnpRcvd);
-    return;
-  }
-  if (wire::is_cnp(p.opcode)) {
-    on_cnp(e, *qp, d, p);
-    return;
-  }
+  if (!qp) return;
   const bool is_req = p.has(wire::kReqMask);
   if (!qp_accepts(e, *qp, d, p, is_req)) return;
   if (is_req) {

@@ -54,8 +54,8 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
   }
 }
 
-bool win_cut(SendWindow& w, uint32_t max_psn) {
-  if (w.recovering) return false;
+bool win_cut(SendWindow& w, uint32_t max_psn, bool every) {
+  if (w.recovering && !every) return false;
   w.target = w.cwnd;
   w.ssthresh = std::max<uint32_t>(w.cwnd / 2, 1);
   w.cwnd = w.ssthresh;

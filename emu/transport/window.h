@@ -11,8 +11,8 @@
 
 namespace rnic::emu {
 
-// IBA local ACK timer: timeout_ns << backoff, backoff at most this (x8), reset on progress.
-inline constexpr uint8_t kMaxTimeoutBackoff = 3;
+// IBA local ACK timer: timeout_ns << backoff, backoff at most this (x4), reset on progress.
+inline constexpr uint8_t kMaxTimeoutBackoff = 2;
 // Probe timer: pto << probe_backoff, probe_backoff at most this.
 inline constexpr uint8_t kMaxProbeBackoff = 4;
 // Probe timer floor, and its value before the first RTT sample.
@@ -36,9 +36,11 @@ void win_reset(SendWindow& w, uint32_t max);
 // PSN is acknowledged.
 void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t now_ns);
 
-// A loss or congestion signal (PSN-sequence NAK, lost READ/ATOMIC response, CNP): halve the
-// window (at least 1) unless a cut already happened for data sent up to max_psn. True if cut.
-bool win_cut(SendWindow& w, uint32_t max_psn);
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response; `every` = true) or congestion signal
+// (CNP; `every` = false): halve the window (at least 1). A CNP cuts at most once per window
+// of data (none while comp psn has not passed the max_psn of the last cut); every loss cuts,
+// since with an in-order responder each one costs a window of resends. True if cut.
+bool win_cut(SendWindow& w, uint32_t max_psn, bool every);
 
 // A timer expiry (IBA timeout or probe): window to 1 (the oldest packet goes alone), the
 // threshold to half the window the loss hit (once per episode). Always a cut.

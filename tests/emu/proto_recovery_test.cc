@@ -6,7 +6,7 @@
 
 #include "emu/transport/req.h"
 #include "emu/transport/window.h"
-#include "tests/emu/proto_util.h"
+#include "tests/emu/req_peer_fixture.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -14,46 +14,16 @@ namespace {
 namespace op = wire::op;
 namespace aeth = wire::aeth;
 
-constexpr uint32_t kPeerQpn = 0x000456;
-constexpr uint32_t kSpsn = 500;
-
-class RecoveryTest : public ::testing::Test {
+class RecoveryTest : public ReqPeerFixture {
  protected:
-  wire::MemNetwork net;
-  Node s = Node::on_mem(net, "127.0.0.3");
-  Peer p{net, "127.0.0.2", "127.0.0.3"};
-  std::shared_ptr<Qp> qp;
-  GuardedBuf buf{8 << 20};
-  std::shared_ptr<Mr> mb;
-
-  void SetUp() override { setup({}); }
-  void setup(ConnOpts o) {
-    qp = s.qp(QpType::kRc);
-    o.sq_psn = kSpsn;
-    o.rq_psn = 1;
-    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
-    buf.pattern(5);
-    mb = s.mr(buf.data(), buf.n);
-  }
+  RecoveryTest() : ReqPeerFixture(8 << 20) {}
   // An RDMA WRITE of n packets (MTU 1024).
   void write_pkts(uint64_t id, uint32_t n, uint32_t off = 0) {
     Wr w = send_wr(WrOpcode::kRdmaWrite, id, {sge(buf.data() + off, n * 1024, mb)});
-    w.rdma.remote_addr = 0x10000;
-    w.rdma.rkey = 0x777;
+    w.rdma.remote_addr = kRemoteVa;
+    w.rdma.rkey = kRkey;
     ASSERT_TRUE(post(qp, w).is_ok());
   }
-  std::vector<Captured> sent() { return p.recv_all(); }
-  void respond(uint8_t opcode, uint32_t psn, uint8_t syndrome) {
-    wire::PacketFields f;
-    f.opcode = opcode;
-    f.dest_qp = qp->qpn();
-    f.psn = psn;
-    f.syndrome = syndrome;
-    f.msn = 1;
-    p.send(f);
-    s.eng->poll_rx();
-  }
-  void ack(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::ack(aeth::kCreditInvalid)); }
   void nak_seq(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::nak(aeth::kNakPsnSeqError)); }
   void cnp() {
     wire::PacketFields f;
@@ -62,7 +32,6 @@ class RecoveryTest : public ::testing::Test {
     p.send(f);
     s.eng->poll_rx();
   }
-  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
   uint32_t cwnd() {
     std::lock_guard lk(qp->send_mutex());
     return qp->comp_.win.cwnd;
@@ -100,8 +69,8 @@ TEST_F(RecoveryTest, SingleDropInA100PacketWindowResendsFromTheNakPsn) {
 }
 
 // No storm: with the full 512-PSN window in flight, a NAK resends from its PSN only as far as
-// the halved window allows (go-back-N used to resend all 512 at once), and a second NAK for
-// data sent before the cut does not cut again.
+// the halved window allows (go-back-N used to resend all 512 at once), and a second loss
+// halves it again.
 TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
   ASSERT_EQ(sent().size(), kMaxUnackedPsns);
@@ -112,14 +81,14 @@ TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   EXPECT_EQ(out.front().psn(), kSpsn + 10);
   EXPECT_EQ(out.back().psn(), kSpsn + 10 + kMaxUnackedPsns / 2 - 1);
   EXPECT_EQ(ctr(Ctr::kRetransPkts), kMaxUnackedPsns / 2);
-  // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Resend from
-  // there, still within the window; the same episode does not cut again.
+  // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Each loss
+  // costs a window of resends, so each one halves it: 128 from 520.
   nak_seq(kSpsn + 20);
   out = sent();
-  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 4);
   EXPECT_EQ(out.front().psn(), kSpsn + 20);
-  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
-  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 2u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 4);
 }
 
 // The retransmit timer (IBA local ACK timeout): the oldest unacknowledged packet goes alone,
@@ -229,11 +198,12 @@ TEST_F(RecoveryTest, CnpFromAStrangerDoesNotCutTheWindow) {
 TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   SendWindow w;
   win_reset(w, 512);
-  EXPECT_TRUE(win_cut(w, 1000));
+  EXPECT_TRUE(win_cut(w, 1000, false));
   EXPECT_EQ(w.cwnd, 256u);
-  EXPECT_FALSE(win_cut(w, 1200));  // same episode: comp psn has not reached 1000
+  EXPECT_FALSE(win_cut(w, 1200, false));  // a CNP in the same episode: no second cut
+  EXPECT_EQ(w.cwnd, 256u);
   win_on_progress(w, 10, 1000, 1);  // episode over
-  EXPECT_TRUE(win_cut(w, 1500));
+  EXPECT_TRUE(win_cut(w, 1500, false));
   EXPECT_EQ(w.cwnd, 128u);
   win_collapse(w, 1600);
   EXPECT_EQ(w.cwnd, 1u);
@@ -245,10 +215,7 @@ TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   for (int i = 0; i < 200; ++i) win_on_progress(w, w.cwnd, 2000 + i * 600, 4);
   EXPECT_EQ(w.cwnd, 512u);  // bounded by max
   // Never below 1.
-  for (int i = 0; i < 20; ++i) {
-    win_cut(w, 100000u + i);
-    win_on_progress(w, 0, 100000u + i, 5);
-  }
+  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);  // a loss cuts every time
   EXPECT_EQ(w.cwnd, 1u);
   EXPECT_EQ(win_ackreq_every(w, 64), 1u);
 }
