@@ -138,7 +138,9 @@ struct CompState {
   uint64_t retrans_deadline_ns = 0;  // min(win.iba_deadline_ns, win.probe_deadline_ns); 0 = off
   SendWindow win;                // loss recovery and the adaptive window
   uint64_t rnr_deadline_ns = 0;      // 0 = not waiting
-  bool retry_latched = false;    // a go-back-N for lost read responses is in progress
+  bool retry_latched = false;    // a go-back-N for lost read responses is in progress,
+  uint32_t retry_latch_psn = 0;  // ... resending up to here: the latch holds until comp psn
+                                 // passes it (comp.cc latch_retry)
   bool sqd_notified = true;      // SQD: SQ_DRAINED already reported (or not in SQD)
   bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
   bool registered = false;       // QP is in the engine's timer list

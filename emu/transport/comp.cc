@@ -141,7 +141,11 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   ReqState& r = qp.req_;
   c.retry_left = c.retry_cnt;
   c.rnr_left = c.rnr_retry;
-  c.retry_latched = false;
+  // A go-back for lost responses resent everything up to retry_latch_psn (one READ request
+  // re-asks for all of its remaining responses): later out-of-order responses of the same
+  // episode are not new losses. Released once comp psn passes it; a loss inside the resent
+  // range is recovered by the probe timer.
+  if (c.retry_latched && psn_diff(c.psn, c.retry_latch_psn) >= 0) c.retry_latched = false;
   const uint64_t now = wire::monotonic_ns();
   const int32_t acked = psn_diff(c.psn, psn0);
   if (qp.type() == QpType::kRc && acked > 0)
@@ -258,11 +262,15 @@ struct Resp {
   bool retry = false;      // go back N after retiring
 };
 
-// Go back N once per episode of lost responses (the latch clears on forward progress).
+// Go back N once per episode of lost responses: the latch holds until comp psn passes
+// everything sent so far (on_progress), so a reordered READ response stream (X, X+2, ...,
+// X+1) costs one resend of the READ, not one per response packet — each resend is a replay
+// of the rest of the READ, bounded by the responder's replay budget.
 void latch_retry(Engine& e, Qp& qp, Resp& k) {
   CompState& c = qp.comp_;
   if (c.retry_latched) return;
   c.retry_latched = true;
+  c.retry_latch_psn = qp.req_.max_psn;
   k.retry = true;
   window_cut(e, qp, true);
 }

@@ -4,9 +4,14 @@
 // (Engine::run_timers with a chosen "now"), so nothing depends on the machine's speed.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <mutex>
+
 #include "emu/transport/req.h"
 #include "emu/transport/window.h"
 #include "tests/emu/req_peer_fixture.h"
+#include "wire/mem_port.h"
+#include "wire/port.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -218,6 +223,171 @@ TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);  // a loss cuts every time
   EXPECT_EQ(w.cwnd, 1u);
   EXPECT_EQ(win_ackreq_every(w, 64), 1u);
+}
+
+// ---- RDMA READ over a real responder (the regression that reverted this work) ----
+
+// A packet filter that passes everything and records the READ requests the responder gets
+// (a capture is such a filter: SOFTRNIC_PCAP installs one).
+struct ReadFilter : wire::PacketFilter {
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint32_t>> read_reqs;  // (va, dma_len) of READ requests
+  uint32_t drop_psn = ~0u;  // a READ response with this PSN is dropped once
+  wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                          std::span<uint8_t> roce, wire::FilterOut&) override {
+    std::lock_guard lk(mu);
+    wire::PacketView v;
+    if (wire::parse_roce(roce, &v) != wire::ParseError::kOk) return wire::Verdict::kPass;
+    if (dir == wire::Direction::kRx && v.opcode == op::kRcRdmaReadRequest)
+      read_reqs.emplace_back(v.reth().va(), v.reth().dma_len());
+    if (dir == wire::Direction::kRx && (v.info->mask & wire::kAckMask) &&
+        v.opcode != op::kRcAcknowledge && v.bth().psn() == drop_psn) {
+      drop_psn = ~0u;
+      return wire::Verdict::kDrop;
+    }
+    return wire::Verdict::kPass;
+  }
+};
+
+// Requester C and responder S on an in-memory network, path MTU 4096 (a 64 KiB READ is 16
+// response packets), S sending GSO runs (as on loopback) and C receiving them coalesced as
+// UDP_GRO does, with a filter on C's port (what a capture installs).
+class ReadRecoveryTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kLen = 64 * 1024;
+  static constexpr int kReads = 4;
+  wire::MemNetwork net;
+  Node c = Node::on_mem(net, "127.0.0.2");
+  Node s = Node::on_mem(net, "127.0.0.3");
+  std::shared_ptr<Qp> qc, qs;
+  GuardedBuf lbuf{(kReads + 3) * kLen}, tbuf{(kReads + 3) * kLen};
+  std::shared_ptr<Mr> ml, mt;
+  ReadFilter cf, sf;
+
+  void SetUp() override {
+    if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out";
+    static_cast<wire::MemPort&>(c.eng->port()).set_gro(true);
+    ASSERT_TRUE(c.eng->port().set_filter(&cf));
+    lbuf.pattern(1);
+    tbuf.pattern(2);
+    ml = c.mr(lbuf.data(), lbuf.n);
+    mt = s.mr(tbuf.data(), tbuf.n);
+    qc = c.qp(QpType::kRc);
+    qs = s.qp(QpType::kRc);
+    ConnOpts o;
+    o.mtu = Mtu::k4096;
+    connect_pair(c, qc, s, qs, o);
+  }
+  void TearDown() override {
+    if (c.eng) c.eng->port().set_filter(nullptr);
+  }
+  void run() {
+    for (int i = 0; i < 100000; ++i) {
+      int moved = c.eng->poll_rx() + s.eng->poll_rx();
+      if (moved == 0 && c.eng->port().held_count() == 0) return;
+    }
+  }
+  uint64_t tva(size_t off) { return reinterpret_cast<uint64_t>(tbuf.data() + off); }
+  void post_rw(WrOpcode opc, uint64_t id, size_t off) {
+    Wr w = send_wr(opc, id, {sge(lbuf.data() + off, kLen, ml)});
+    w.rdma.remote_addr = tva(off);
+    w.rdma.rkey = mt->rkey();
+    ASSERT_TRUE(post(qc, w).is_ok());
+  }
+  uint64_t cctr(Ctr k) { return qc->comp_.ctr.get(k); }
+  uint64_t sctr(Ctr k) { return qs->comp_.ctr.get(k); }
+};
+
+// Lossless: several concurrent 64 KiB READs interleaved with WRITEs complete with no
+// retransmission at all. The responder's GSO runs mix READ response sizes (FIRST/LAST carry
+// an AETH, MIDDLE does not), so C receives [FIRST, MIDDLE] [MIDDLE x14] [LAST] coalesced;
+// the filtered receive path used to deliver X, X+2, LAST, X+1, ..., every READ looked
+// lossy, and the go-backs (and probes) replayed READs until the responder's replay budget
+// ran out: ucx_perftest ucp_get failed with "transport retry counter exceeded".
+TEST_F(ReadRecoveryTest, ConcurrentReadsAndWritesLosslessNeedNoRetransmission) {
+  for (int i = 0; i < kReads; ++i) {
+    post_rw(WrOpcode::kRdmaRead, 10 + i, size_t(i) * kLen);
+    if (i < 3) post_rw(WrOpcode::kRdmaWrite, 20 + i, size_t(kReads + i) * kLen);
+  }
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), size_t(kReads + 3));
+  for (auto& e : cq) EXPECT_EQ(e.status, WcStatus::kSuccess) << wc_status_name(e.status);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), (kReads + 3) * size_t(kLen)));
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 0u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(sctr(Ctr::kDuplicateRequest), 0u);
+}
+
+// A READ response lost mid-response: the requester resends the READ once, from the lost
+// PSN, asking for the rest of the data at the matching offset; the data lands intact.
+TEST_F(ReadRecoveryTest, LostMidResponseResendsTheRestAtTheRightOffset) {
+  ASSERT_TRUE(s.eng->port().set_filter(&sf));
+  const uint32_t first = 100;  // ConnOpts sq_psn
+  cf.drop_psn = first + 5;
+  std::memset(lbuf.data(), 0, kLen);
+  post_rw(WrOpcode::kRdmaRead, 1, 0);
+  run();
+  auto cq = drain_cq(*c.scq);
+  if (cq.empty()) {  // the resend reached the responder only if a later response arrived
+    c.eng->run_timers(wire::monotonic_ns() + 3'600'000'000'000ull);
+    run();
+    cq = drain_cq(*c.scq);
+  }
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  ASSERT_EQ(sf.read_reqs.size(), 2u);
+  EXPECT_EQ(sf.read_reqs[1].first, tva(5 * 4096));
+  EXPECT_EQ(sf.read_reqs[1].second, kLen - 5 * 4096);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 1u);
+  EXPECT_EQ(sctr(Ctr::kDuplicateRequest), 1u);
+  s.eng->port().set_filter(nullptr);
+}
+
+// Responses reordered on the way (the packet after each FIRST overtaken by the rest of its
+// burst): a resend of a READ asks for all of its remaining responses, so later out-of-order
+// responses of the same episode are not new losses — at most one resend per READ per
+// episode, never one per response packet (which replayed up to 15 + 14 + ... packets per
+// READ and could exhaust the responder's replay budget).
+TEST_F(ReadRecoveryTest, ReorderedResponsesCostOneResendPerEpisode) {
+  static_cast<wire::MemPort&>(c.eng->port()).set_gro(false);
+  struct Reorder : wire::PacketFilter {
+    bool after_first = false;
+    wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                            std::span<uint8_t> r, wire::FilterOut& out) override {
+      if (dir != wire::Direction::kRx) return wire::Verdict::kPass;
+      if (r[0] == op::kRcRdmaReadResponseFirst) {
+        after_first = true;
+      } else if (after_first) {
+        after_first = false;
+        out.delay_us = 0;  // held: delivered after the rest of this receive batch
+        return wire::Verdict::kDelay;
+      }
+      return wire::Verdict::kPass;
+    }
+  } reorder;
+  c.eng->port().set_filter(&reorder);
+  std::memset(lbuf.data(), 0, kLen);
+  post_rw(WrOpcode::kRdmaRead, 1, 0);
+  run();
+  // Each round ends with the probe timer (a resent response was overtaken again): fired
+  // 5 ms ahead, well before the IBA timer (timeout 14: 67 ms).
+  std::vector<Cqe> cq;
+  for (int i = 0; i < 32 && cq.empty(); ++i) {
+    c.eng->run_timers(wire::monotonic_ns() + 5'000'000);
+    run();
+    cq = drain_cq(*c.scq);
+  }
+  c.eng->port().set_filter(nullptr);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess) << wc_status_name(cq[0].status);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  // One go-back for the episode, then one probe per round (two PSNs each); no IBA timeout.
+  EXPECT_EQ(cctr(Ctr::kCompleterRetryErr), 1u);
+  EXPECT_EQ(cctr(Ctr::kLocalAckTimeoutErr), 0u);
+  EXPECT_GT(cctr(Ctr::kRetransProbes), 0u);
+  EXPECT_LT(sctr(Ctr::kDuplicateRequest), 12u);
 }
 
 }  // namespace
