@@ -79,7 +79,8 @@ size_t MemPort::queued() const {
   return count_;
 }
 
-bool MemPort::deliver(const Endpoint& src, const uint8_t* data, uint32_t len, uint16_t ip_id) {
+bool MemPort::deliver(const Endpoint& src, const uint8_t* data, uint32_t len, uint16_t ip_id,
+                      uint16_t seg_size) {
   std::lock_guard lk(mu_);
   if (count_ == ring_.size()) {
     bump(ctr_.rx_dropped);
@@ -88,6 +89,7 @@ bool MemPort::deliver(const Endpoint& src, const uint8_t* data, uint32_t len, ui
   Slot& s = ring_[(head_ + count_) % ring_.size()];
   s.src = src;
   s.ip_id = ip_id;
+  s.seg_size = seg_size;
   s.bytes.assign(data, data + len);  // reuses the slot's capacity after warm-up
   if (count_++ == 0) {
     uint64_t one = 1;
@@ -111,6 +113,12 @@ int MemPort::send_impl(std::span<const TxDesc> pkts) {
     }
     if (seg > net_->max_datagram_) {
       bump(ctr_.tx_errors, nseg);
+      continue;
+    }
+    if (dst->gro_ && nseg > 1) {  // one coalesced buffer, as UDP_GRO delivers it
+      bump(ctr_.tx_packets, nseg);
+      bump(ctr_.tx_bytes, d.len);
+      (void)dst->deliver(local_, d.data, d.len, 0, uint16_t(seg));
       continue;
     }
     for (uint32_t k = 0; k < nseg; ++k) {
@@ -138,9 +146,9 @@ int MemPort::recv_impl(std::span<RxDesc> descs) {
     d.src = s.src;
     d.dst = local_;
     d.ip_id = s.ip_id;
-    d.seg_size = 0;
+    d.seg_size = s.seg_size < d.len ? s.seg_size : 0;
     if (d.truncated) bump(ctr_.rx_truncated);
-    bump(ctr_.rx_packets);
+    bump(ctr_.rx_packets, d.seg_size != 0 ? (d.len + d.seg_size - 1) / d.seg_size : 1);
     bump(ctr_.rx_bytes, d.len);
     head_ = (head_ + 1) % ring_.size();
     --count_;

@@ -65,6 +65,10 @@ class MemPort final : public Port {
 
   // Datagrams waiting.
   size_t queued() const;
+  // Receive as a socket with UDP_GRO does: a GSO descriptor sent to this port arrives as one
+  // coalesced buffer (RxDesc::seg_size = its gso_size) instead of one datagram per segment.
+  // Off by default. Set before traffic starts.
+  void set_gro(bool on) { gro_ = on; }
 
  protected:
   int send_impl(std::span<const TxDesc> pkts) override;
@@ -76,13 +80,16 @@ class MemPort final : public Port {
   friend class MemNetwork;
   MemPort(MemNetwork* net, const Endpoint& ep, int efd, size_t depth);
   // Enqueue one datagram; false if the queue is full.
-  bool deliver(const Endpoint& src, const uint8_t* data, uint32_t len, uint16_t ip_id);
+  bool deliver(const Endpoint& src, const uint8_t* data, uint32_t len, uint16_t ip_id,
+               uint16_t seg_size = 0);
 
   struct Slot {
     Endpoint src;
     uint16_t ip_id = 0;
+    uint16_t seg_size = 0;  // GRO: a coalesced buffer of datagrams of this size
     std::vector<uint8_t> bytes;
   };
+  bool gro_ = false;
 
   MemNetwork* net_;
   Endpoint local_;

@@ -232,9 +232,52 @@ int Port::send_filtered(PacketFilter* f, std::span<const TxDesc> pkts) {
   return int(pkts.size());
 }
 
-// Fault mode receive: due held rx packets first, then fresh datagrams, each filtered.
-// Coalesced (GRO) buffers are split into one descriptor per datagram when there is
-// room, else the extra segments are held and come out of the next call.
+// REQUIRES: held_mu_ (HeldLock).
+void Port::hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now) {
+  const uint32_t seg = r.seg_size != 0 && r.seg_size < r.len ? r.seg_size : r.len;
+  uint32_t k = seg == 0 ? 0 : from / seg;
+  for (uint32_t off = from; off < r.len || (off == 0 && r.len == 0); off += seg, ++k) {
+    const uint32_t m = std::min<uint32_t>(seg, r.len - off);
+    std::vector<uint8_t> bytes(r.buf + off, r.buf + off + m);
+    uint64_t due = now;
+    Held h{0, Direction::kRx, r.src, r.dst, {}, static_cast<uint16_t>(r.ip_id + k), r.tos,
+           r.hop_limit, r.flow_label};
+    if (f != nullptr) {
+      FilterOut out;
+      out.len = m;
+      Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(bytes), out);
+      bytes.resize(std::min(out.len, m));
+      if (v == Verdict::kDrop) {
+        bump(ctr_.filter_dropped);
+        if (seg == 0) break;
+        continue;
+      }
+      if (v == Verdict::kDelay) {
+        bump(ctr_.filter_delayed);
+        due += uint64_t(out.delay_us) * 1000;
+      }
+      if (v == Verdict::kDuplicate) {
+        bump(ctr_.filter_duplicated, out.copies);
+        for (unsigned c = 0; c < out.copies; ++c) {
+          Held d = h;
+          d.due_ns = now;
+          d.bytes = bytes;
+          held_.push_back(std::move(d));
+        }
+      }
+    }
+    // Held segments were filtered already; they are delivered as they are.
+    h.due_ns = due;
+    h.bytes = std::move(bytes);
+    held_.push_back(std::move(h));
+    if (seg == 0) break;
+  }
+}
+
+// Fault mode receive: due held rx packets first, then fresh datagrams, each filtered, in
+// arrival order. A coalesced (GRO) buffer is split: its first segment is delivered now, the
+// rest, and every datagram received after it in this call, are held (due now, filtered
+// already) and come out of the next call in order.
 int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
   size_t n = 0;
   {
@@ -249,8 +292,11 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
         std::memcpy(r.buf, it->bytes.data(), r.len);
         r.src = it->src;
         r.dst = it->dst;
-        r.ip_id = 0;
+        r.ip_id = it->ip_id;
         r.seg_size = 0;
+        r.tos = it->tos;
+        r.hop_limit = it->hop_limit;
+        r.flow_label = it->flow_label;
         it = held_.erase(it);
       } else {
         ++it;
@@ -262,48 +308,38 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
   if (got < 0) return n > 0 ? int(n) : got;
   size_t end = n + size_t(got);
   size_t w = n;  // write cursor: survivors are compacted to descs[n..w)
+  // Order is kept: a coalesced (GRO) buffer is split, its first segment stays here and the
+  // rest goes to the held queue (due now) — and so does every datagram received after it
+  // in this call, behind those segments, so the next call delivers them in arrival order.
+  // (Delivering the later datagrams now let them overtake the held segments: a lossless
+  // READ response stream arrived as X, X+2, LAST, X+1, ... whenever a capture or fault
+  // filter was installed, and every such reorder cost a go-back.)
+  bool spill = false;
+  const uint64_t now0 = monotonic_ns();
   for (size_t i = n; i < end; ++i) {
     RxDesc& r = descs[i];
-    bool keep = true;
-    // Split a coalesced buffer: segments after the first go to the held queue (due now)
-    // and come back, filtered, from the next call.
-    if (r.seg_size != 0 && r.seg_size < r.len) {
+    if (spill) {
       HeldLock lk(*this);
-      uint64_t now = monotonic_ns();
-      for (uint32_t off = r.seg_size; off < r.len; off += r.seg_size) {
-        uint32_t m = std::min<uint32_t>(r.seg_size, r.len - off);
-        std::vector<uint8_t> bytes(r.buf + off, r.buf + off + m);
-        uint64_t due = now;
-        if (f != nullptr) {
-          FilterOut out;
-          out.len = m;
-          Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(bytes), out);
-          bytes.resize(std::min(out.len, m));
-          if (v == Verdict::kDrop) {
-            bump(ctr_.filter_dropped);
-            continue;
-          }
-          if (v == Verdict::kDelay) {
-            bump(ctr_.filter_delayed);
-            due += uint64_t(out.delay_us) * 1000;
-          }
-          if (v == Verdict::kDuplicate) {
-            bump(ctr_.filter_duplicated, out.copies);
-            for (unsigned c = 0; c < out.copies; ++c) held_.push_back(Held{now, Direction::kRx, r.src, r.dst, bytes});
-          }
-        }
-        // Held segments were filtered already; they are delivered as they are.
-        held_.push_back(Held{due, Direction::kRx, r.src, r.dst, std::move(bytes)});
-      }
-      r.len = std::min<uint32_t>(r.seg_size, r.len);
+      hold_rx_segments(f, r, 0, now0);
+      continue;
+    }
+    // The first segment is filtered first (a seeded fault engine sees arrival order); the
+    // filter touches only its bytes, so the rest of the buffer is held intact afterwards.
+    RxDesc tail = r;
+    const bool coalesced = r.seg_size != 0 && r.seg_size < r.len;
+    if (coalesced) {
+      r.len = r.seg_size;
       r.seg_size = 0;
     }
+    bool keep = true;
     if (f != nullptr) {
       FilterOut out;
       out.len = r.len;
       Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf, r.len), out);
       r.len = std::min(out.len, r.len);
       HeldLock lk(*this);
+      const Held h{now0, Direction::kRx, r.src, r.dst, std::vector<uint8_t>(r.buf, r.buf + r.len),
+                   r.ip_id, r.tos, r.hop_limit, r.flow_label};
       switch (v) {
         case Verdict::kPass:
           break;
@@ -313,18 +349,20 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
           break;
         case Verdict::kDuplicate:
           bump(ctr_.filter_duplicated, out.copies);
-          for (unsigned c = 0; c < out.copies; ++c) {
-            held_.push_back(Held{monotonic_ns(), Direction::kRx, r.src, r.dst,
-                                 std::vector<uint8_t>(r.buf, r.buf + r.len)});
-          }
+          for (unsigned c = 0; c < out.copies; ++c) held_.push_back(h);
           break;
         case Verdict::kDelay:
           bump(ctr_.filter_delayed);
-          held_.push_back(Held{monotonic_ns() + uint64_t(out.delay_us) * 1000, Direction::kRx, r.src,
-                               r.dst, std::vector<uint8_t>(r.buf, r.buf + r.len)});
+          held_.push_back(h);
+          held_.back().due_ns = monotonic_ns() + uint64_t(out.delay_us) * 1000;
           keep = false;
           break;
       }
+    }
+    if (coalesced) {
+      HeldLock lk(*this);
+      hold_rx_segments(f, tail, tail.seg_size, now0);
+      spill = true;
     }
     if (keep) {
       if (w != i) std::swap(descs[w], descs[i]);

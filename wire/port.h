@@ -323,7 +323,15 @@ class Port {
     Direction dir;
     Endpoint src, dst;
     std::vector<uint8_t> bytes;
+    // Rx: what the datagram arrived with (RxDesc fields; ip_id already per segment).
+    uint16_t ip_id = 0;
+    uint8_t tos = 0;
+    uint8_t hop_limit = 0;
+    uint32_t flow_label = 0;
   };
+  // Rx, filtered mode: every segment of r from byte `from` on goes to the held queue, each
+  // filtered (dropped, duplicated or delayed as its verdict says), due now otherwise.
+  void hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now);
   // Locks held_mu_ and, on scope exit, publishes held_.size() to held_n_ so the receive
   // path can test "anything held?" without taking the mutex.
   struct HeldLock {

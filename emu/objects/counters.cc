@@ -14,7 +14,8 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "naks_rcvd",          "rem_access_nak_sent", "rem_access_nak_rcvd", "retrans_pkts",
     "uc_dropped",         "ud_dropped",         "drop_src_port",      "mem_fault",
     "icrc_id_zero",       "icrc_id_gro",        "icrc_id_solved",     "cnp_rcvd",
-    "ecn_ce_rcvd",        "mtu_exceeded",
+    "ecn_ce_rcvd",        "retrans_bytes",      "window_cuts",        "retrans_probes",
+    "mtu_exceeded",
 };
 }  // namespace
 

@@ -51,8 +51,15 @@ enum class Ctr : uint8_t {
   kIcrcIdZero,          // icrc_id_zero (ours): with IPv4 ID 0 (or IPv6: no ID)
   kIcrcIdGro,           // icrc_id_gro (ours): with the GRO segment's ID (base + k)
   kIcrcIdSolved,        // icrc_id_solved (ours): with the one ID solved for (peer-chosen IDs)
-  kCnpRcvd,             // cnp_rcvd (ours): RoCEv2 CNPs (opcode 0x81) received, counted, ignored
+  kCnpRcvd,             // cnp_rcvd (ours): RoCEv2 CNPs (opcode 0x81) received (cut the QP's window)
   kEcnCeRcvd,           // ecn_ce_rcvd (ours): packets that arrived with ECN CE (IP TOS & 3 == 3)
+  // Loss recovery and the sending window (docs/congestion.md):
+  kRetransBytes,        // retrans_bytes (ours): RoCE bytes (headers + payload + ICRC) of
+                        // retrans_pkts
+  kWindowCuts,          // window_cuts (ours): multiplicative decreases of the sending window
+                        // (PSN-sequence NAK, lost response, timeout, probe, CNP)
+  kRetransProbes,       // retrans_probes (ours): RTT-based probe timer expiries (the oldest
+                        // unacknowledged packet resent; no retry_cnt spent)
   kMtuExceeded,         // mtu_exceeded (ours): a packet longer than the receiving QP's path MTU
                         // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
   kCount,

@@ -74,6 +74,7 @@ struct RespState {
   // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
   bool ack_pending = false;
   bool ack_listed = false;       // QP is in the engine's pending-ACK list
+  uint8_t ack_reqs = 0;          // AckReqs coalesced into the pending ACK beyond the first
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY
@@ -101,6 +102,30 @@ struct RespState {
   wire::IpUdpMeta meta;
 };
 
+// Loss recovery and the sending window of an RC requester (comp.cc, docs/congestion.md).
+// Guarded by the QP send lock. cwnd is 0 until the RTS transition sets it.
+struct SendWindow {
+  uint32_t cwnd = 0;             // PSNs the requester may run ahead of comp psn (1..max)
+  uint32_t max = 0;              // upper bound (req.h kMaxUnackedPsns)
+  uint32_t ssthresh = 0;         // below it: slow start (+1 per acknowledged PSN)
+  uint32_t target = 0;           // the window before the last cut (regrowth aims at it)
+  uint32_t ai_acked = 0;         // PSNs acknowledged towards the next increase step
+  uint8_t fr_rounds = 0;         // increase steps since the last cut (fast recovery first)
+  uint32_t recover_psn = 0;      // one multiplicative decrease per window: the next cut waits
+  bool recovering = false;       // until comp psn has passed the max_psn of the last cut
+  uint8_t backoff = 0;           // IBA timer = timeout_ns << backoff (bounded; reset on progress)
+  uint8_t probe_backoff = 0;     // probe timer = pto << probe_backoff (idem)
+  uint64_t iba_deadline_ns = 0;  // the IBA local ACK timer (spends retry_cnt); 0 = disarmed
+  uint64_t probe_deadline_ns = 0;  // the RTT-based probe timer (spends nothing); 0 = disarmed
+  // RTT estimate (RFC 6298 shape): one timed PSN at a time, none across a retransmission
+  // (Karn). srtt 0 = no sample yet.
+  bool rtt_pending = false;
+  uint32_t rtt_psn = 0;
+  uint64_t rtt_t0_ns = 0;
+  uint64_t srtt_ns = 0;
+  uint64_t rttvar_ns = 0;
+};
+
 // Completer state (comp.cc), timers and the per-QP counters. Guarded by the QP send lock,
 // except `ctr` (atomic, any thread).
 struct CompState {
@@ -110,9 +135,12 @@ struct CompState {
   uint8_t retry_left = 7;        // counts down; reset on forward progress
   uint8_t rnr_left = 7;
   uint64_t timeout_ns = 0;       // 4.096 us * 2^timeout; 0 = no retransmit timer
-  uint64_t retrans_deadline_ns = 0;  // 0 = disarmed (CLOCK_MONOTONIC)
+  uint64_t retrans_deadline_ns = 0;  // min(win.iba_deadline_ns, win.probe_deadline_ns); 0 = off
+  SendWindow win;                // loss recovery and the adaptive window
   uint64_t rnr_deadline_ns = 0;      // 0 = not waiting
-  bool retry_latched = false;    // a go-back-N for lost read responses is in progress
+  bool retry_latched = false;    // a go-back-N for lost read responses is in progress,
+  uint32_t retry_latch_psn = 0;  // ... resending up to here: the latch holds until comp psn
+                                 // passes it (comp.cc latch_retry)
   bool sqd_notified = true;      // SQD: SQ_DRAINED already reported (or not in SQD)
   bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
   bool registered = false;       // QP is in the engine's timer list

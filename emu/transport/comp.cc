@@ -12,6 +12,7 @@
 #include "emu/objects/wr_opcode.h"
 #include "emu/transport/engine.h"
 #include "emu/transport/req.h"
+#include "emu/transport/window.h"
 #include "wire/hdr.h"
 #include "wire/psn.h"
 
@@ -133,19 +134,34 @@ void do_retry(Engine& e, Qp& qp) {
   req_retry(e, qp);
 }
 
-void on_progress(Engine& e, Qp& qp) {
+// Forward progress: comp psn moved from psn0. Retry counts back to full, the window grows,
+// the retransmit timers restart without backoff.
+void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   CompState& c = qp.comp_;
   ReqState& r = qp.req_;
   c.retry_left = c.retry_cnt;
   c.rnr_left = c.rnr_retry;
-  c.retry_latched = false;
-  if (psn_diff(c.psn, r.psn) > 0) r.psn = c.psn;
-  if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) {
-    c.retrans_deadline_ns = wire::monotonic_ns() + c.timeout_ns;
-    e.arm_timer(c.retrans_deadline_ns);
-  } else {
-    c.retrans_deadline_ns = 0;
-  }
+  // A go-back for lost responses resent everything up to retry_latch_psn (one READ request
+  // re-asks for all of its remaining responses): later out-of-order responses of the same
+  // episode are not new losses. Released once comp psn passes it; a loss inside the resent
+  // range is recovered by the probe timer.
+  if (c.retry_latched && psn_diff(c.psn, c.retry_latch_psn) >= 0) c.retry_latched = false;
+  const uint64_t now = wire::monotonic_ns();
+  const int32_t acked = psn_diff(c.psn, psn0);
+  if (qp.type() == QpType::kRc && acked > 0)
+    win_on_progress(c.win, static_cast<uint32_t>(acked), c.psn, now);
+  // Acknowledged past what a go-back was about to resend (the loss was a delay): resume at
+  // the first unacknowledged PSN instead of resending acknowledged packets.
+  if (psn_diff(c.psn, r.psn) > 0) req_retry(e, qp);
+  comp_disarm_retrans(c);
+  if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
+}
+
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one) or a CNP (once per window
+// of data) halves the window (docs/congestion.md §3).
+void window_cut(Engine& e, Qp& qp, bool every) {
+  CompState& c = qp.comp_;
+  if (win_cut(c.win, qp.req_.max_psn, every)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
 }
 
 WcStatus nak_status(uint8_t code) {
@@ -246,11 +262,17 @@ struct Resp {
   bool retry = false;      // go back N after retiring
 };
 
-// Go back N once per episode of lost responses (the latch clears on forward progress).
-void latch_retry(CompState& c, Resp& k) {
+// Go back N once per episode of lost responses: the latch holds until comp psn passes
+// everything sent so far (on_progress), so a reordered READ response stream (X, X+2, ...,
+// X+1) costs one resend of the READ, not one per response packet — each resend is a replay
+// of the rest of the READ, bounded by the responder's replay budget.
+void latch_retry(Engine& e, Qp& qp, Resp& k) {
+  CompState& c = qp.comp_;
   if (c.retry_latched) return;
   c.retry_latched = true;
+  c.retry_latch_psn = qp.req_.max_psn;
   k.retry = true;
+  window_cut(e, qp, true);
 }
 
 CompStep check_psn(Qp& qp, const Resp& k) {
@@ -272,7 +294,7 @@ CompStep check_ack(const Resp& k) {
 CompStep write_send(Engine& e, Qp& qp, Resp& k) {
   bool lost = false;
   k.progress = ack_through(e, qp, k.psn, &lost);
-  if (lost) latch_retry(qp.comp_, k);
+  if (lost) latch_retry(e, qp, k);
   return CompStep::kUpdateComp;
 }
 
@@ -298,7 +320,7 @@ CompStep rnr_retry(Engine& e, Qp& qp, const Resp& k) {
   }
   if (c.rnr_retry != 7) --c.rnr_left;
   qp.req_.rnr_wait = true;
-  c.retrans_deadline_ns = 0;  // a timeout during an RNR wait is deferred
+  comp_disarm_retrans(c);  // a timeout during an RNR wait is deferred
   c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(k.p.aeth().syndrome()));
   e.arm_timer(c.rnr_deadline_ns);
   return CompStep::kUpdateComp;
@@ -309,7 +331,8 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
   const uint8_t code = aeth::value(k.p.aeth().syndrome());
   if (code == aeth::kNakPsnSeqError) {
     bump(c.ctr, e.counters(), Ctr::kRcvdSeqErr);
-    k.retry = true;
+    k.retry = true;  // resend from the NAK's PSN (comp psn now), as the halved window allows
+    window_cut(e, qp, true);
     return CompStep::kUpdateComp;
   }
   bump(c.ctr, e.counters(), Ctr::kNakRcvd);
@@ -341,9 +364,9 @@ CompStep get_wqe(Qp& qp, Resp& k) {
   return CompStep::kCheckSeq;
 }
 
-CompStep check_seq(Qp& qp, Resp& k) {
+CompStep check_seq(Engine& e, Qp& qp, Resp& k) {
   if (k.psn != qp.comp_.psn) {
-    latch_retry(qp.comp_, k);  // a response is missing (psn > comp psn)
+    latch_retry(e, qp, k);  // a response is missing (psn > comp psn)
     return CompStep::kUpdateComp;
   }
   return k.p.opcode == op::kRcAtomicAcknowledge ? CompStep::kAtomic : CompStep::kRead;
@@ -396,6 +419,7 @@ CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
 void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
   if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
   Resp k{p, p.bth().psn()};
+  const uint32_t psn0 = qp.comp_.psn;
   const bool trace = base::log_enabled(base::LogLevel::kTrace);  // one branch per packet off
   CompStep st = CompStep::kCheckPsn;
   for (;;) {
@@ -408,11 +432,11 @@ void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
       case CompStep::kRnrRetry: next = rnr_retry(e, qp, k); break;
       case CompStep::kNak: next = nak(e, qp, k); break;
       case CompStep::kGetWqe: next = get_wqe(qp, k); break;
-      case CompStep::kCheckSeq: next = check_seq(qp, k); break;
+      case CompStep::kCheckSeq: next = check_seq(e, qp, k); break;
       case CompStep::kRead: next = read_resp(e, qp, k); break;
       case CompStep::kAtomic: next = atomic_ack(e, qp, k); break;
       case CompStep::kUpdateComp:
-        if (k.progress) on_progress(e, qp);
+        if (k.progress) on_progress(e, qp, psn0);
         next = CompStep::kCompleteWqe;
         break;
       case CompStep::kCompleteWqe:
@@ -449,23 +473,69 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
     run = true;
   }
   if (c.retrans_deadline_ns != 0 && now_ns >= c.retrans_deadline_ns && !r.rnr_wait) {
+    SendWindow& w = c.win;
     c.retrans_deadline_ns = 0;
+    const bool iba = w.iba_deadline_ns != 0 && now_ns >= w.iba_deadline_ns;
     if (psn_diff(r.max_psn, c.psn) > 0 && first_active(qp) >= 0) {
-      bump(c.ctr, e.counters(), Ctr::kLocalAckTimeoutErr);
-      do_retry(e, qp);
+      if (iba) {
+        // The IBA local ACK timer: spends a retry_cnt (or fails the WQE). The oldest
+        // unacknowledged packet goes alone (window 1); the rest follows as ACKs return.
+        w.iba_deadline_ns = 0;
+        w.probe_deadline_ns = 0;
+        w.backoff = static_cast<uint8_t>(std::min<int>(w.backoff + 1, kMaxTimeoutBackoff));
+        win_collapse(w, r.max_psn);
+        bump(c.ctr, e.counters(), Ctr::kWindowCuts);
+        bump(c.ctr, e.counters(), Ctr::kLocalAckTimeoutErr);
+        do_retry(e, qp);
+      } else {
+        // The probe timer: no answer for an RTO. Resend the oldest unacknowledged packet
+        // alone and change nothing else; spends no retry_cnt. A lost NAK or lost last ACKs
+        // are recovered by its answer, a late ACK costs one duplicate.
+        w.probe_deadline_ns = 0;
+        w.probe_backoff = static_cast<uint8_t>(std::min<int>(w.probe_backoff + 1,
+                                                             kMaxProbeBackoff));
+        bump(c.ctr, e.counters(), Ctr::kRetransProbes);
+        req_probe(e, qp);
+      }
       run = true;
+    } else {
+      comp_disarm_retrans(c);
     }
   }
   if (run) {
     comp_retire(e, qp);
-    req_run(e, qp);
-    // Re-arm even if nothing new was sent (the retried packets count as sent).
-    if (c.timeout_ns != 0 && c.retrans_deadline_ns == 0 && !r.rnr_wait &&
-        psn_diff(r.max_psn, c.psn) > 0 && qp.state() == QpState::kRts) {
-      c.retrans_deadline_ns = now_ns + c.timeout_ns;
-      e.arm_timer(c.retrans_deadline_ns);
-    }
+    req_run(e, qp);  // the resent packet re-arms the timers (send_batch, the clock)
+    // Re-arm even if nothing was sent (the retried packets count as sent).
+    if (c.timeout_ns != 0 && !r.rnr_wait && psn_diff(r.max_psn, c.psn) > 0 &&
+        qp.state() == QpState::kRts)
+      comp_arm_retrans(e, qp, now_ns);
   }
+}
+
+void comp_disarm_retrans(CompState& c) {
+  c.retrans_deadline_ns = 0;
+  c.win.iba_deadline_ns = 0;
+  c.win.probe_deadline_ns = 0;
+}
+
+void comp_arm_retrans(Engine& e, Qp& qp, uint64_t now_ns) {
+  CompState& c = qp.comp_;
+  SendWindow& w = c.win;
+  if (c.timeout_ns == 0) return;  // timeout 0: no retransmit timer at all (IBA)
+  if (w.iba_deadline_ns == 0) w.iba_deadline_ns = now_ns + (c.timeout_ns << w.backoff);
+  if (w.probe_deadline_ns == 0) {
+    const uint64_t p = now_ns + (win_pto_ns(w) << w.probe_backoff);
+    if (p < w.iba_deadline_ns) w.probe_deadline_ns = p;
+  }
+  uint64_t d = w.iba_deadline_ns;
+  if (w.probe_deadline_ns != 0 && w.probe_deadline_ns < d) d = w.probe_deadline_ns;
+  c.retrans_deadline_ns = d;
+  e.arm_timer(d);
+}
+
+void comp_on_cnp(Engine& e, Qp& qp) {
+  if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
+  window_cut(e, qp, false);
 }
 
 }  // namespace rnic::emu

@@ -29,6 +29,18 @@ void comp_retire(Engine& e, Qp& qp);
 // REQUIRES: send lock.
 void comp_check_sq_drained(Qp& qp);
 
+// Arms the retransmit timers that are off (docs/congestion.md): the IBA local ACK timer
+// (timeout_ns << backoff; its expiry spends a retry_cnt) and, when it would fire earlier, the
+// RTT-based probe timer (resends the oldest unacknowledged packet, spends nothing).
+// comp_.retrans_deadline_ns is the earlier of the two. REQUIRES: send lock.
+void comp_arm_retrans(Engine& e, Qp& qp, uint64_t now_ns);
+// Both retransmit timers off.
+void comp_disarm_retrans(CompState& c);
+
+// A RoCEv2 CNP (opcode 0x81) addressed to qp: an RC requester halves its sending window (at
+// most once per window of data). REQUIRES: send lock.
+void comp_on_cnp(Engine& e, Qp& qp);
+
 // IBA RNR NAK timer field (Table 45) in nanoseconds: 0 -> 655.36 ms, 1 -> 10 us ... 31 ->
 // 491.52 ms.
 uint64_t rnr_timer_ns(uint8_t code);

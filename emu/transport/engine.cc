@@ -1,6 +1,7 @@
 // emu/transport/engine.cc: engine start/stop, the progress thread (epoll: port fd, timerfd, eventfd),
 // the receive drain, timers, and the TransportHooks glue to req/comp/resp/recv.
 #include "emu/transport/engine.h"
+#include "emu/transport/window.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -522,7 +523,8 @@ void reset_transport(Qp& qp) {
   s.replay.active = false;  // `listed` stays: the engine's replay list drops it (resp.cc)
   CompState& c = qp.comp_;
   c.psn = 0;
-  c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
+  comp_disarm_retrans(c);
+  c.rnr_deadline_ns = 0;
   c.retry_latched = false;
   c.src_latch.store(0, std::memory_order_relaxed);  // strict source check (recv.cc)
 }
@@ -551,6 +553,7 @@ void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   ReqState& r = qp.req_;
   r.psn = r.max_psn = qp.attr().sq_psn & wire::kPsnMask;
   qp.comp_.psn = r.psn;
+  win_reset(qp.comp_.win, kMaxUnackedPsns);  // full window, no RTT estimate, timers off
   r.pos = 0;
   r.pkts_since_ackreq = 0;
   r.rd_atomic_inflight = 0;
@@ -577,7 +580,8 @@ void load_requester_attrs(Qp& qp) {
 // -> ERR / SQE: timers off, the requester forgets its progress (the SQ is flushed).
 void stop_requester(Qp& qp, QpState to) {
   CompState& c = qp.comp_;
-  c.retrans_deadline_ns = c.rnr_deadline_ns = 0;
+  comp_disarm_retrans(c);
+  c.rnr_deadline_ns = 0;
   qp.req_.pos = 0;
   qp.req_.rnr_wait = false;
   qp.req_.rd_atomic_inflight = 0;
@@ -635,7 +639,8 @@ void Engine::on_destroy(Qp& qp) {
   qp.comp_.dead = true;
   qp.req_.ready = false;
   qp.resp_.ready = false;
-  qp.comp_.retrans_deadline_ns = qp.comp_.rnr_deadline_ns = 0;
+  comp_disarm_retrans(qp.comp_);
+  qp.comp_.rnr_deadline_ns = 0;
   unregister_qp(qp);
 }
 

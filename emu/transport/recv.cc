@@ -140,8 +140,8 @@ bool icrc_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
   return false;
 }
 
-// Step 2: parse (lengths, TVer, opcode) and keep only requests and responses. CNPs are
-// counted and consumed here. False: dropped or consumed.
+// Step 2: parse (lengths, TVer, opcode) and keep requests, responses and CNPs (on_cnp).
+// False: dropped.
 bool parse_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
               wire::PacketView* p) {
   if (wire::ParseError pe = wire::parse_roce(roce, p); pe != wire::ParseError::kOk) {
@@ -150,13 +150,7 @@ bool parse_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce
                    d.src, raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
     return false;
   }
-  if (wire::is_cnp(p->opcode)) {
-    // RoCEv2 CNP (congestion notification, opcode 0x81): counted and accepted; the sending
-    // rate does not adapt to it yet (issue 11), and it never touches QP state.
-    dc.add(Ctr::kCnpRcvd);
-    RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p->bth().dest_qp());
-    return false;
-  }
+  if (wire::is_cnp(p->opcode)) return true;
   if (!p->has(wire::kReqMask) && !p->has(wire::kAckMask)) {
     dc.add(Ctr::kDropBadState);
     RNIC_PKT_LOG("drop", "neither a request nor a response (CNP?)", Ctr::kDropBadState, d.src,
@@ -301,6 +295,23 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
   }
 }
 
+// A RoCEv2 CNP (congestion notification, opcode 0x81) for qp: counted; from the QP's peer, an
+// RC requester halves its sending window (docs/congestion.md). It never touches other state.
+void on_cnp(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
+  Counters& qc = qp.comp_.ctr;
+  qc.add(Ctr::kCnpRcvd);  // (the device counter: recv_packet)
+  RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p.bth().dest_qp());
+  std::lock_guard lk(qp.send_mutex());
+  if (qp.comp_.dead || qp.type() != QpType::kRc) return;
+  const AddrCheck a = addr_ok(e, qp, d);
+  if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
+    count_addr_drop(a, qc, dc, d, p);
+    return;
+  }
+  comp_on_cnp(e, qp);
+}
+
 // Step 6 for a response, under the QP's send lock: address binding, then the completer.
 void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p) {
   Counters& dc = e.counters();
@@ -339,6 +350,12 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
   wire::PacketView p;
   if (!parse_ok(dc, d, roce, &p)) return;
+  if (wire::is_cnp(p.opcode)) {
+    dc.add(Ctr::kCnpRcvd);  // counted whatever QP it names
+    if (p.bth().dest_qp() == kGsiQpn) return;
+    if (std::shared_ptr<Qp> cq = find_dest_qp(e, d, p)) on_cnp(e, *cq, d, p);
+    return;
+  }
   if (p.bth().dest_qp() == kGsiQpn) {
     deliver_gsi(e, d, p);
     return;

@@ -8,6 +8,7 @@
 #include "emu/transport/comp.h"
 #include "emu/objects/device.h"
 #include "emu/transport/engine.h"
+#include "emu/transport/window.h"
 #include "emu/objects/mr.h"
 #include "emu/objects/mw.h"
 #include "emu/objects/wr_opcode.h"
@@ -165,11 +166,13 @@ struct ReqPkt {
   uint32_t plen = 0;      // payload bytes
   uint32_t psn_used = 1;  // PSNs it consumes (a READ request: one per response packet)
   bool last = true;       // last packet of the WQE
+  uint32_t wire_len = 0;  // RoCE bytes written (emit_packet)
 };
 
-// RC window: at most kMaxUnackedPsns PSNs past the oldest unacknowledged one.
+// RC window: at most cwnd (1..kMaxUnackedPsns, window.h) PSNs past the oldest unacknowledged
+// one.
 bool window_full(const ReqRun& x) {
-  return x.rc && psn_diff(x.r.psn, x.c.psn) >= static_cast<int32_t>(kMaxUnackedPsns);
+  return x.rc && psn_diff(x.r.psn, x.c.psn) >= static_cast<int32_t>(x.c.win.cwnd);
 }
 
 // Fence and initiator depth (and the window): may WQE w, with facts m, start now?
@@ -289,7 +292,8 @@ void fill_data(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
     k.f.qkey = (w.remote_qkey & 0x80000000u) ? x.qp.attr().qkey : w.remote_qkey;
     k.f.src_qp = x.qp.qpn();
   }
-  if (x.rc) k.f.ack_req = last || r.pkts_since_ackreq + 1 >= kMaxPktsPerAck;
+  if (x.rc)
+    k.f.ack_req = last || r.pkts_since_ackreq + 1 >= win_ackreq_every(x.c.win, kMaxPktsPerAck);
 }
 
 // Step 2: the header fields of w's next packet.
@@ -311,7 +315,7 @@ void build_packet(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
 
 // Step 3: writes the packet into the thread's batch (headers, gathered payload, ICRC).
 // False (w failed) when the gather fails its local checks.
-bool emit_packet(ReqRun& x, SendWqe& w, const ReqPkt& k) {
+bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
   Engine& e = x.e;
   ReqState& r = x.r;
   TxBatch& tx = x.tx;
@@ -341,6 +345,7 @@ bool emit_packet(ReqRun& x, SendWqe& w, const ReqPkt& k) {
     wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
   }
   tx.commit(dst, len);
+  k.wire_len = len;
   return true;
 }
 
@@ -348,7 +353,12 @@ bool emit_packet(ReqRun& x, SendWqe& w, const ReqPkt& k) {
 void advance(ReqRun& x, SendWqe& w, const ReqPkt& k) {
   ReqState& r = x.r;
   bump(x.c.ctr, x.e.counters(), Ctr::kSentPkts);
-  if (x.rc && psn_diff(k.psn, r.max_psn) < 0) bump(x.c.ctr, x.e.counters(), Ctr::kRetransPkts);
+  if (x.rc && psn_diff(k.psn, r.max_psn) < 0) {
+    bump(x.c.ctr, x.e.counters(), Ctr::kRetransPkts);
+    bump(x.c.ctr, x.e.counters(), Ctr::kRetransBytes, k.wire_len);
+  } else if (x.rc && k.f.ack_req) {
+    win_rtt_start(x.c.win, k.psn, wire::monotonic_ns());  // first transmission: may be timed
+  }
   x.sent = true;
   if (x.rc) r.pkts_since_ackreq = k.f.ack_req ? 0 : r.pkts_since_ackreq + 1;
   r.psn = psn_add(k.psn, k.psn_used);
@@ -365,10 +375,8 @@ void advance(ReqRun& x, SendWqe& w, const ReqPkt& k) {
 void send_batch(ReqRun& x) {
   CompState& c = x.c;
   x.e.flush(x.tx);
-  if (x.sent && x.rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0) {
-    c.retrans_deadline_ns = wire::monotonic_ns() + c.timeout_ns;
-    x.e.arm_timer(c.retrans_deadline_ns);
-  }
+  if (x.sent && x.rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0)
+    comp_arm_retrans(x.e, x.qp, wire::monotonic_ns());
   comp_retire(x.e, x.qp);
 }
 
@@ -403,6 +411,39 @@ void req_run(Engine& e, Qp& qp) {
   send_batch(x);
 }
 
+void req_probe(Engine& e, Qp& qp) {
+  ReqState& r = qp.req_;
+  CompState& c = qp.comp_;
+  if (!r.ready || c.dead || qp.type() != QpType::kRc) return;
+  const QpState st = qp.state();
+  if (st != QpState::kRts && st != QpState::kSqd) return;
+  Ring<SendWqe>& sq = qp.sq();
+  const uint32_t limit = std::min(r.pos + 1, sq.size());
+  for (uint32_t i = 0; i < limit; ++i) {
+    const SendWqe& cur = sq.at(i);
+    if (cur.state != WqeState::kPending && cur.state != WqeState::kProcessing) continue;
+    if (psn_diff(c.psn, cur.first_psn) < 0 || psn_diff(c.psn, cur.last_psn) > 0) return;
+    // A copy: the probe leaves the WQE's progress (and r.psn) alone.
+    SendWqe w = cur;
+    const uint32_t m = wr_mask(qp.type(), w.opcode);
+    const auto done = static_cast<uint64_t>(psn_diff(c.psn, w.first_psn));
+    w.offset = (m & kWrAtomicMask) ? 0 : std::min<uint64_t>(done * r.mtu, w.length);
+    seek(w);
+    ReqRun x{e, qp, r, c, e.device(), qp.type(), true, st, e.tx_batch(), e.port().local()};
+    ReqPkt k;
+    build_packet(x, w, k);
+    k.f.ack_req = true;  // the answer is the point of the probe
+    if (emit_packet(x, w, k)) {
+      bump(c.ctr, e.counters(), Ctr::kSentPkts);
+      bump(c.ctr, e.counters(), Ctr::kRetransPkts);
+      bump(c.ctr, e.counters(), Ctr::kRetransBytes, k.wire_len);
+      win_rtt_cancel(c.win);
+    }
+    e.flush(x.tx);
+    return;
+  }
+}
+
 void req_retry(Engine& e, Qp& qp) {
   (void)e;
   ReqState& r = qp.req_;
@@ -428,6 +469,7 @@ void req_retry(Engine& e, Qp& qp) {
   if (first_active != ~0u) r.pos = first_active;
   r.psn = c.psn;
   r.pkts_since_ackreq = 0;
+  win_rtt_cancel(c.win);  // Karn: no RTT sample across a retransmission
 }
 
 }  // namespace rnic::emu

@@ -27,10 +27,17 @@ inline constexpr uint32_t kMaxPktsPerAck = 64;
 // REQUIRES: qp's send lock held. Hot path: no allocation.
 void req_run(Engine& e, Qp& qp);
 
-// Go-back-N: rewind to comp_.psn. WQEs not yet fully acknowledged are re-armed; a partially
+// Go back to comp_.psn (the NAK's PSN, or the oldest unacknowledged one after a timeout);
+// what follows goes out again as the window (comp_.win.cwnd, window.h) allows, never the
+// whole 512-PSN window per event. WQEs not yet fully acknowledged are re-armed; a partially
 // acknowledged SEND/WRITE resumes at its first unacknowledged packet and a partially
 // answered READ is re-issued for its remaining bytes. REQUIRES: send lock.
 void req_retry(Engine& e, Qp& qp);
+
+// Probe (docs/congestion.md): sends the packet at comp_.psn once more, with AckReq, leaving the
+// requester's progress alone. If a NAK or the last ACKs were lost, its answer restarts the
+// exchange; if they were only late, it costs one duplicate. REQUIRES: send lock.
+void req_probe(Engine& e, Qp& qp);
 
 // Number of packets (= PSNs) a message of `len` bytes takes at `mtu` (at least 1).
 inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {

@@ -135,10 +135,19 @@ void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t*
   queue_raw(e, qp, f, payload, plen, mem, host, mem_ok);
 }
 
-// Owes an ACK for psn: coalesced with later ones until the receive batch ends.
+// Owes an ACK for psn: coalesced with a later one until the receive batch ends, at most
+// kMaxAckReqsPerAck AckReqs per ACK: a requester that spaces AckReqs through its window
+// (docs/congestion.md) gets several ACKs per window, so one lost ACK does not stall it.
+constexpr uint8_t kMaxAckReqsPerAck = 2;
 void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
   RespState& s = qp.resp_;
-  if (s.ack_pending) bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+  if (s.ack_pending && s.ack_reqs + 1 >= kMaxAckReqsPerAck) emit_pending_ack(e, qp);
+  if (s.ack_pending) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+    ++s.ack_reqs;
+  } else {
+    s.ack_reqs = 0;
+  }
   s.ack_pending = true;
   s.ack_psn = psn;
   s.ack_msn = s.msn;

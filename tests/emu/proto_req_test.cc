@@ -11,7 +11,7 @@
 
 #include "base/log.h"
 #include "emu/transport/req.h"
-#include "tests/emu/proto_util.h"
+#include "tests/emu/req_peer_fixture.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -19,55 +19,7 @@ namespace {
 namespace op = wire::op;
 namespace aeth = wire::aeth;
 
-constexpr uint32_t kPeerQpn = 0x000456;
-constexpr uint32_t kSpsn = 500;
-
-class ReqTest : public ::testing::Test {
- protected:
-  wire::MemNetwork net;
-  Node s = Node::on_mem(net, "127.0.0.3");
-  Peer p{net, "127.0.0.2", "127.0.0.3"};
-  std::shared_ptr<Qp> qp;
-  GuardedBuf buf{1 << 19};
-  std::shared_ptr<Mr> mb;
-  static constexpr uint64_t kRemoteVa = 0x10000;
-  static constexpr uint32_t kRkey = 0x777;
-
-  void SetUp() override { setup({}); }
-  void setup(ConnOpts o, uint32_t sq_psn = kSpsn) {
-    qp = s.qp(QpType::kRc);
-    o.sq_psn = sq_psn;
-    o.rq_psn = 1;
-    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
-    buf.pattern(3);
-    mb = s.mr(buf.data(), buf.n);
-  }
-  Status post_op(WrOpcode opc, uint64_t id, uint32_t len, uint32_t flags = kSendSignaled,
-                 uint32_t off = 0) {
-    Wr w = send_wr(opc, id, {sge(buf.data() + off, len, mb)}, flags);
-    w.rdma.remote_addr = kRemoteVa;
-    w.rdma.rkey = kRkey;
-    return post(qp, w);
-  }
-  std::vector<Captured> sent() { return p.recv_all(); }
-  void respond(uint8_t opcode, uint32_t psn, uint8_t syndrome, std::span<const uint8_t> pay = {},
-               uint64_t orig = 0) {
-    wire::PacketFields f;
-    f.opcode = opcode;
-    f.dest_qp = qp->qpn();
-    f.psn = psn;
-    f.syndrome = syndrome;
-    f.msn = 1;
-    f.orig = orig;
-    p.send(f, pay);
-    s.eng->poll_rx();
-  }
-  void ack(uint32_t psn, uint8_t syn = aeth::ack(aeth::kCreditInvalid)) {
-    respond(op::kRcAcknowledge, psn, syn);
-  }
-  void fire_timers() { s.eng->run_timers(wire::monotonic_ns() + 3'600'000'000'000ull); }
-  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
-};
+using ReqTest = ReqPeerFixture;
 
 TEST_F(ReqTest, SegmentsByMtuWithAckReqOnLast) {
   ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 3000).is_ok());
@@ -151,13 +103,16 @@ TEST_F(ReqTest, TimeoutRetransmitsThenRetryExceeded) {
   ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
   EXPECT_EQ(sent().size(), 2u);
   EXPECT_NE(s.eng->next_deadline_ns(), 0u);  // the retransmit timer is armed
-  // Nobody answers: each expiry retransmits from the oldest unacknowledged PSN.
+  // Nobody answers: each expiry resends the oldest unacknowledged PSN alone (window 1: the
+  // rest follows as ACKs return, docs/congestion.md).
   fire_timers();
   auto out = sent();
-  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].psn(), kSpsn);
   fire_timers();
-  EXPECT_EQ(sent().size(), 2u);
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
   EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 2u);
   // Third expiry with retry_cnt = 2 spent: RETRY_EXC_ERR, QP to ERR, the rest flushed.
   fire_timers();
@@ -179,9 +134,12 @@ TEST_F(ReqTest, ProgressResetsRetryCount) {
   ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 10).is_ok());
   ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 10).is_ok());
   sent();
-  fire_timers();  // one retry spent
-  sent();
-  ack(kSpsn);  // forward progress: the count is back to 1
+  fire_timers();  // one retry spent: the oldest goes alone
+  EXPECT_EQ(sent().size(), 1u);
+  ack(kSpsn);  // forward progress: the count is back to 1, and the window lets 501 go
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
   fire_timers();
   EXPECT_EQ(sent().size(), 1u);
   ack(kSpsn + 1);

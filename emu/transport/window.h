@@ -1,0 +1,63 @@
+// emu/transport/window.h: the RC requester's sending window and loss-recovery timers as pure
+// functions on SendWindow (emu/objects/transport_state.h): AIMD with slow start after a
+// timeout, one multiplicative decrease per window of data, an RTT estimate (RFC 6298 shape,
+// Karn's rule) for the probe timer, bounded exponential backoff. The algorithm and its
+// constants are described in docs/congestion.md.
+#pragma once
+
+#include <cstdint>
+
+#include "emu/objects/transport_state.h"
+
+namespace rnic::emu {
+
+// IBA local ACK timer: timeout_ns << backoff, backoff at most this (x4), reset on progress.
+inline constexpr uint8_t kMaxTimeoutBackoff = 2;
+// Probe timer: pto << probe_backoff, probe_backoff at most this.
+inline constexpr uint8_t kMaxProbeBackoff = 4;
+// Probe timer floor, and its value before the first RTT sample.
+inline constexpr uint64_t kMinProbeNs = 200'000;
+// ... and its ceiling: a deep queue inflates srtt, and a late probe is a long stall.
+inline constexpr uint64_t kMaxProbeNs = 2'000'000;
+// Increase steps (one per window of PSNs acknowledged) after a cut: the first
+// kFastRecoveryRounds move the window halfway back to the target (the window before the cut);
+// after them the target itself grows by kAiStep PSNs per step (DCQCN's reaction point shape).
+inline constexpr uint8_t kFastRecoveryRounds = 5;
+inline constexpr uint32_t kAiStep = 8;
+inline constexpr uint64_t kInitialProbeNs = 1'000'000;
+
+// RTS: the full window (max PSNs), no RTT estimate, timers off.
+void win_reset(SendWindow& w, uint32_t max);
+
+// Forward progress: `acked` PSNs newly acknowledged, comp psn now `comp_psn`. Slow start
+// below ssthresh (after a timeout), then one increase step per cwnd PSNs acknowledged (fast
+// recovery towards the target, then additive increase of the target); ends a recovery episode once
+// comp psn reached recover_psn; both backoffs back to 0; takes the RTT sample if the timed
+// PSN is acknowledged.
+void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t now_ns);
+
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response; `every` = true) or congestion signal
+// (CNP; `every` = false): halve the window (at least 1). A CNP cuts at most once per window
+// of data (none while comp psn has not passed the max_psn of the last cut); every loss cuts,
+// since with an in-order responder each one costs a window of resends. True if cut.
+bool win_cut(SendWindow& w, uint32_t max_psn, bool every);
+
+// A timer expiry (IBA timeout or probe): window to 1 (the oldest packet goes alone), the
+// threshold to half the window the loss hit (once per episode). Always a cut.
+void win_collapse(SendWindow& w, uint32_t max_psn);
+
+// RTT timing: start on a first transmission carrying AckReq when none is timed; a
+// retransmission cancels the sample (Karn).
+void win_rtt_start(SendWindow& w, uint32_t psn, uint64_t now_ns);
+inline void win_rtt_cancel(SendWindow& w) { w.rtt_pending = false; }
+
+// The probe timeout: srtt + 2 rttvar within [kMinProbeNs, kMaxProbeNs] (kInitialProbeNs before
+// a sample).
+// Shorter than TCP's RTO on purpose: a spurious probe costs one duplicate packet, nothing else.
+uint64_t win_pto_ns(const SendWindow& w);
+
+// AckReq spacing: every min(kMaxPktsPerAck, cwnd / 4) packets (at least every packet), so a
+// small window is acknowledged several times before it fills (one lost ACK does not stall it).
+uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack);
+
+}  // namespace rnic::emu
