@@ -44,7 +44,7 @@ const VarDecl kVars[] = {
              "where a batch is never cut (docs/wire.md §4). Receiving with GRO is always on",
      .reader = "shim", .choices = "auto,on/1/yes,off/0/no",
      .store = [](Config* c, const VarValue& v) { c->gso = static_cast<GsoMode>(v.u); }},
-    {.name = "SOFTRNIC_PIN", .type = VarType::kEnum, .default_text = "`direct`",
+    {.name = "SOFTRNIC_PIN", .type = VarType::kEnum, .default_text = "`shadow`",
      .values = "`shadow`, `direct`",
      .help = "shadow: the device keeps its own mapping of registered pages, so memory mapped "
              "later at a registered address is never served to an old rkey (emu/objects/pin.h); "

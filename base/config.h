@@ -57,7 +57,7 @@ struct Config {
   std::optional<std::string> ip;             // SOFTRNIC_IP as given, IPv4 or IPv6 (shim)
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
-  PinMode pin = PinMode::kDirect;            // SOFTRNIC_PIN (shim)
+  PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

@@ -115,19 +115,39 @@ void chain(int sig, siginfo_t* si, void* uc) {
   if (si == nullptr || si->si_code <= 0) raise(sig);
 }
 
-// The write freeze (memory.h): g_fz_seq is odd while [g_fz_lo, g_fz_hi) is frozen; the window
-// of the last freeze stays readable after it ends (a late handler retries once).
+// The write freeze (memory.h): g_fz_seq is odd while [g_fz_lo, g_fz_hi) is frozen. A fault
+// raised during a freeze may be handled late: after it ended, even while the next freeze (of
+// another range) is on. Such a fault is retried when its address was in one of the last
+// kFzRing windows or its page is writable now, at most once per address and freeze sequence:
+// a second fault at the same address with no freeze since is a real one (passed on).
+constexpr uint32_t kFzRing = 64;
 std::atomic<uint32_t> g_fz_seq{0};
 std::atomic<uintptr_t> g_fz_lo{0}, g_fz_hi{0};
+std::atomic<uintptr_t> g_fz_ring_lo[kFzRing], g_fz_ring_hi[kFzRing];
 std::atomic<long> g_fz_owner{0};  // the freezing thread's tid: its own faults are not waited for
-thread_local uintptr_t tl_retried = 0;  // the address this thread last retried after a freeze
+thread_local uintptr_t tl_retried = 0;      // the address this thread last retried
+thread_local uint32_t tl_retried_seq = 1;   // g_fz_seq when it did (odd: never matches an end)
+
+bool in_recent_window(uintptr_t a) {
+  for (uint32_t i = 0; i < kFzRing; ++i)
+    if (a >= g_fz_ring_lo[i].load(std::memory_order_relaxed) &&
+        a < g_fz_ring_hi[i].load(std::memory_order_relaxed))
+      return true;
+  return false;
+}
+
+// Whether the page of a can be written now (the kernel faults it in for writing, changing no
+// byte; EFAULT/ENOMEM/EINVAL: read-only, PROT_NONE, unmapped, or a kernel before 5.14).
+const uintptr_t g_page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+bool writable_now(uintptr_t a) {
+  return syscall(SYS_madvise, a & ~(g_page - 1), g_page, 23 /* MADV_POPULATE_WRITE */) == 0;
+}
 
 // true: the fault was a write into a (recently) frozen range; return and retry it.
 bool freeze_retry(uintptr_t a) {
   const uint32_t seq = g_fz_seq.load(std::memory_order_acquire);
-  if (a < g_fz_lo.load(std::memory_order_relaxed) || a >= g_fz_hi.load(std::memory_order_relaxed))
-    return false;
-  if (seq & 1) {
+  if ((seq & 1) && a >= g_fz_lo.load(std::memory_order_relaxed) &&
+      a < g_fz_hi.load(std::memory_order_relaxed)) {
     if (syscall(SYS_gettid) == g_fz_owner.load(std::memory_order_relaxed)) return false;
     // Wait (async-signal-safe: futex, bounded sleeps) until the move is done.
     struct timespec ms {0, 1000000};
@@ -135,13 +155,13 @@ bool freeze_retry(uintptr_t a) {
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_fz_seq), FUTEX_WAIT_PRIVATE, seq, &ms,
               nullptr, 0);
     tl_retried = a;
+    tl_retried_seq = g_fz_seq.load(std::memory_order_acquire);
     return true;
   }
-  if (tl_retried == a) {  // retried once already and it faults again: a real fault
-    tl_retried = 0;
-    return false;
-  }
+  if (tl_retried == a && tl_retried_seq == seq) return false;  // retried, no freeze since
+  if (!in_recent_window(a) && !writable_now(a)) return false;
   tl_retried = a;
+  tl_retried_seq = seq;
   return true;
 }
 
@@ -251,6 +271,12 @@ bool pvm_copy(bool to_registered, const MemSeg* segs, size_t n) {
 
 bool write_freeze_begin(uint64_t lo, uint64_t hi) {
   if (!ensure_guard()) return false;
+  const uint32_t slot = (g_fz_seq.load(std::memory_order_relaxed) / 2) % kFzRing;
+  // Emptied first: a handler reading the slot meanwhile sees at worst a wider window (one
+  // spare retry), never a narrower one.
+  g_fz_ring_hi[slot].store(0, std::memory_order_relaxed);
+  g_fz_ring_lo[slot].store(static_cast<uintptr_t>(lo), std::memory_order_relaxed);
+  g_fz_ring_hi[slot].store(static_cast<uintptr_t>(hi), std::memory_order_relaxed);
   g_fz_lo.store(static_cast<uintptr_t>(lo), std::memory_order_relaxed);
   g_fz_hi.store(static_cast<uintptr_t>(hi), std::memory_order_relaxed);
   g_fz_owner.store(syscall(SYS_gettid), std::memory_order_relaxed);

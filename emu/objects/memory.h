@@ -110,7 +110,10 @@ class SafeMemAccess final : public MemAccess {
 // The write freeze pin.cc holds while it moves registered pages to a memfd (pin.h): between
 // begin and end, a write fault (SEGV_ACCERR) inside [lo, hi) makes the faulting thread wait in
 // the fault handler until end() and retry the instruction, instead of a crash or a lost
-// write. A fault that was raised during the freeze but handled after end() is retried once.
+// write. A fault raised during a freeze but handled late (after end(), or while the next freeze
+// of another range is on) is retried when its address was in one of the recent freeze windows
+// or its page is writable now, once per address and freeze: a repeat with no freeze since is a
+// real fault and is passed on.
 // One freeze at a time (the caller serialises). begin() returns false, freezing nothing, if
 // the process-wide fault handler cannot be ours.
 bool write_freeze_begin(uint64_t lo, uint64_t hi);

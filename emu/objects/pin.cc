@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,6 +29,30 @@ constexpr const char* kMemfdName = "softrnic-pin";
 uint64_t page_size() {
   static const uint64_t ps = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   return ps;
+}
+
+// Every mapping change here is a raw system call. A library in the process may hook the libc
+// wrappers (UCX's UCM patches mmap/mremap/munmap to run its registration cache's callbacks,
+// which store into the heap; sanitizers intercept them): inside a freeze such code would store
+// into the frozen pages on the mover, and it must not take our moves of the application's
+// pages, which keep every byte, or our own temporary and view mappings for memory events.
+void* sys_mmap(uint64_t a, size_t n, int prot, int flags, int fd, uint64_t off) {
+  const long r = syscall(SYS_mmap, a, n, prot, flags, fd, off);
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+bool sys_munmap(uint64_t a, size_t n) { return syscall(SYS_munmap, a, n) == 0; }
+bool sys_mprotect(uint64_t a, size_t n, int prot) { return syscall(SYS_mprotect, a, n, prot) == 0; }
+bool sys_mremap_fixed(uint64_t from, size_t n, uint64_t to) {
+  return syscall(SYS_mremap, from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, to) != -1;
+}
+// Copies n bytes of the application at `from` (the kernel copies: a range unmapped meanwhile
+// is EFAULT, never a signal, and bytes of a page outside any allocation are no sanitizer
+// report: the page copy is deliberate).
+bool sys_copy(uint64_t from, void* to, size_t n) {
+  const iovec local{to, n};
+  const iovec remote{reinterpret_cast<void*>(from), n};
+  return syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, &remote, 1, 0) ==
+         static_cast<long>(n);
 }
 
 // One line of /proc/self/maps, clipped to the range asked for.
@@ -139,14 +165,6 @@ bool movable(const Line& l) {
          p.rfind("/memfd:", 0) != 0;
 }
 
-// Copies whole pages of the application: the kernel copies (process_vm_readv on our own pid),
-// so a range the application unmaps meanwhile is EFAULT, and bytes of a page outside any
-// allocation are not an ASan report (the page copy is deliberate).
-SafeMemAccess& copier() {
-  static SafeMemAccess* c = new SafeMemAccess(SafeMemAccess::Mode::kProcessVm);
-  return *c;
-}
-
 // The mover: a thread of ours that makes every copy under a write freeze. The registering
 // thread cannot: its own stack, or a global next to the buffer, may lie in the frozen pages,
 // and its next store there would fault with nobody left to end the freeze. The mover writes
@@ -161,15 +179,17 @@ struct Mover {
 Mover* g_mover = nullptr;  // leaked: it lives as long as the process
 
 void warm_up() {
-  void* p = mmap(nullptr, page_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const uint64_t ps = page_size();
+  void* p = sys_mmap(0, ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return;
+  const auto a = reinterpret_cast<uint64_t>(p);
   char b[64];
-  mprotect(p, page_size(), PROT_READ);
-  (void)copier().read(reinterpret_cast<uint64_t>(p), b, sizeof b);
+  sys_mprotect(a, ps, PROT_READ);
+  (void)sys_copy(a, b, sizeof b);
   std::memcpy(b, p, sizeof b);
-  void* q = mmap(nullptr, page_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (q != MAP_FAILED) (void)mremap(q, page_size(), page_size(), MREMAP_MAYMOVE | MREMAP_FIXED, p);
-  munmap(p, page_size());
+  void* q = sys_mmap(0, ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (q != MAP_FAILED) (void)sys_mremap_fixed(reinterpret_cast<uint64_t>(q), ps, a);
+  sys_munmap(a, ps);
   if (write_freeze_begin(0, 0)) write_freeze_end();
 }
 
@@ -203,41 +223,48 @@ void run_on_mover(const std::function<void()>& f) {
 // write freeze. false: nothing changed (or the application unmapped the range meanwhile).
 bool move_to_memfd(const Line& l, const Backing& b, uint64_t off) {
   const size_t n = l.hi - l.lo;
-  void* tmp = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, b.fd, static_cast<off_t>(off));
+  void* tmp = sys_mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED, b.fd, off);
   if (tmp == MAP_FAILED) return false;
+  const auto t = reinterpret_cast<uint64_t>(tmp);
   if (!write_freeze_begin(l.lo, l.hi)) {
-    munmap(tmp, n);
+    sys_munmap(t, n);
     return false;
   }
-  bool ok = true;
-  if (l.prot & PROT_WRITE)
-    ok = mprotect(reinterpret_cast<void*>(l.lo), n, l.prot & ~PROT_WRITE) == 0;
-  if (ok) ok = copier().read(l.lo, tmp, n);
-  if (ok) {
-    ok = mmap(reinterpret_cast<void*>(l.lo), n, l.prot, MAP_SHARED | MAP_FIXED, b.fd,
-              static_cast<off_t>(off)) != MAP_FAILED;
-  }
-  if (!ok && (l.prot & PROT_WRITE)) mprotect(reinterpret_cast<void*>(l.lo), n, l.prot);
+  const bool wr = (l.prot & PROT_WRITE) != 0;
+  bool ok = !wr || sys_mprotect(l.lo, n, l.prot & ~PROT_WRITE);
+  const bool frozen = ok;
+  if (ok) ok = sys_copy(l.lo, tmp, n);
+  // One system call replaces the private pages by the memfd's: no access sees a hole.
+  if (ok) ok = sys_mmap(l.lo, n, l.prot, MAP_SHARED | MAP_FIXED, b.fd, off) != MAP_FAILED;
+  if (!ok && frozen && wr) sys_mprotect(l.lo, n, l.prot);
   write_freeze_end();
-  munmap(tmp, n);
+  sys_munmap(t, n);
   return ok;
 }
 
-// Gives [l.lo, l.hi) (a line of a piece) private anonymous pages with the same bytes again.
-// freeze: false in a forked child (one thread, nothing to race).
+// Gives [l.lo, l.hi) (a line of a piece) private anonymous pages with the same bytes again,
+// under the same write freeze as the move: the range is read-only while it is copied, a
+// thread storing into it meanwhile (a heap neighbour of the buffer on the same page) waits in
+// the fault handler and retries on the private pages, and one mremap puts the copy in place
+// atomically (no access sees the range unmapped). freeze: false in a forked child (one
+// thread, nothing to race). If any step fails the range keeps the shared pages (still the
+// application's bytes, only not private).
 void move_to_private(const Line& l, bool freeze) {
   const size_t n = l.hi - l.lo;
-  void* tmp = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (tmp == MAP_FAILED) return;  // keeps the shared pages: still correct, just not private
-  if (freeze && !write_freeze_begin(l.lo, l.hi)) freeze = false;
-  if (freeze && (l.prot & PROT_WRITE))
-    mprotect(reinterpret_cast<void*>(l.lo), n, l.prot & ~PROT_WRITE);
-  bool moved = copier().read(l.lo, tmp, n) && mprotect(tmp, n, l.prot) == 0 &&
-               mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(l.lo)) !=
-                   MAP_FAILED;
+  void* tmp = sys_mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (tmp == MAP_FAILED) return;
+  const auto t = reinterpret_cast<uint64_t>(tmp);
+  const bool wr = freeze && (l.prot & PROT_WRITE) != 0;
+  if (freeze && !write_freeze_begin(l.lo, l.hi)) {
+    sys_munmap(t, n);
+    return;
+  }
+  bool frozen = !wr || sys_mprotect(l.lo, n, l.prot & ~PROT_WRITE);
+  bool moved = frozen && sys_copy(l.lo, tmp, n) && sys_mprotect(t, n, l.prot) &&
+               sys_mremap_fixed(t, n, l.lo);
   if (!moved) {
-    munmap(tmp, n);
-    if (freeze && (l.prot & PROT_WRITE)) mprotect(reinterpret_cast<void*>(l.lo), n, l.prot);
+    sys_munmap(t, n);
+    if (frozen && wr) sys_mprotect(l.lo, n, l.prot);
   }
   if (freeze) write_freeze_end();
 }
@@ -272,8 +299,8 @@ void atfork_child() {
 // Maps [l.lo, l.hi) of the device view from fd at off; false on failure.
 bool map_view(uint64_t view, uint64_t host_lo, const Line& l, int fd, uint64_t off) {
   const int prot = l.prot & (PROT_READ | PROT_WRITE);
-  return mmap(reinterpret_cast<void*>(view + (l.lo - host_lo)), l.hi - l.lo, prot,
-              MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(off)) != MAP_FAILED;
+  return sys_mmap(view + (l.lo - host_lo), l.hi - l.lo, prot, MAP_SHARED | MAP_FIXED, fd, off) !=
+         MAP_FAILED;
 }
 
 void release_locked(const std::vector<uint64_t>& pieces) {
@@ -289,7 +316,7 @@ void release_locked(const std::vector<uint64_t>& pieces) {
 
 PinnedRange::~PinnedRange() {
   if (fork_gen_ != g_fork_gen.load(std::memory_order_relaxed)) return;  // the parent's
-  if (view_ != 0) munmap(reinterpret_cast<void*>(view_), size_);
+  if (view_ != 0) sys_munmap(view_, size_);
   std::lock_guard lk(g_mu);
   release_locked(pieces_);
 }
@@ -342,7 +369,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
     close_fds();
     return r;  // direct
   }
-  void* v = mmap(nullptr, r->size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* v = sys_mmap(0, r->size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (v == MAP_FAILED) {
     close_fds();
     return r;
@@ -354,7 +381,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
     b->fd = memfd_create(kMemfdName, MFD_CLOEXEC);
     struct stat st {};
     if (b->fd < 0 || ftruncate(b->fd, static_cast<off_t>(to_move)) != 0 || fstat(b->fd, &st) != 0) {
-      munmap(v, r->size_);
+      sys_munmap(view, r->size_);
       close_fds();
       return r;
     }
@@ -384,12 +411,12 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
   }
   close_fds();
   if (!ok) {  // back to direct; the pieces moved so far go back to private pages
-    munmap(v, r->size_);
+    sys_munmap(view, r->size_);
     release_locked(r->pieces_);
     r->pieces_.clear();
     return r;
   }
-  madvise(v, r->size_, MADV_DONTFORK);  // the child has no device: no view either
+  syscall(SYS_madvise, view, r->size_, MADV_DONTFORK);  // the child has no device: no view either
   r->view_ = view;
   r->dev_lo_ = view;
   return r;

@@ -23,10 +23,16 @@
 //     the last deregistration of a piece gives the application private anonymous pages again
 //     (copy + mremap), so THP, fork and MADV_DONTNEED behave as before registration.
 // Races and costs (README "Security"):
-//   - the copy is made under a write freeze: the range is made read-only, an application thread
-//     that writes to it meanwhile faults, waits in the fault handler until the move is done and
-//     retries (memory.h). A system call writing into the range during the move (read(2) into a
-//     buffer being registered by another thread) gets EFAULT instead.
+//   - both moves (registration's to the memfd, the last deregistration's back to private pages)
+//     copy under a write freeze: the range is made read-only, an application thread that writes
+//     to it meanwhile (a heap neighbour of the buffer on the same page) faults, waits in the
+//     fault handler until the move is done and retries (memory.h: also a fault whose handler
+//     runs late, after its freeze ended or during the next one); one mmap/mremap puts the new
+//     pages in place, so no access sees the range unmapped. The mover makes its mapping changes
+//     and the copy with raw system calls: a library hooking mmap/mremap (UCX's UCM) runs none
+//     of its code, which stores into the heap, inside the freeze. A system call writing into
+//     the range during the move (read(2) into a buffer being registered by another thread)
+//     gets EFAULT instead.
 //   - fork: the device view is not inherited; the child's copy of a moved range is made private
 //     in the child (as the kernel copies pinned pages at fork), taken right after fork.
 //   - moved ranges lose transparent huge pages and mlock() while registered.

@@ -4,21 +4,63 @@
 // moved pages, the last deregistration gives private pages back, application writes during a
 // registration are not lost, and a forked child gets a private copy.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdarg>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "emu/objects/device.h"
+#include "emu/objects/memory.h"
 #include "emu/objects/pin.h"
 #include "tests/emu/proto_util.h"
+
+// A library that hooks the mmap family, as UCX's UCM does (its registration cache's callbacks
+// store into the heap before and after every mmap/mremap of the process): while g_hook_store
+// is set, every mmap and mremap that resolves to these stores into it before and after.
+std::atomic<volatile uint64_t*> g_hook_store{nullptr};
+std::atomic<uint64_t> g_hook_calls{0};
+
+void hook_store() {
+  if (volatile uint64_t* p = g_hook_store.load()) {
+    *p = *p + 1;
+    g_hook_calls.fetch_add(1);
+  }
+}
+
+extern "C" void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) noexcept {
+  hook_store();
+  const long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+  hook_store();
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+
+extern "C" void* mremap(void* old, size_t old_len, size_t new_len, int flags, ...) noexcept {
+  void* to = nullptr;
+  if (flags & MREMAP_FIXED) {
+    va_list ap;
+    va_start(ap, flags);
+    to = va_arg(ap, void*);
+    va_end(ap);
+  }
+  hook_store();
+  const long r = syscall(SYS_mremap, old, old_len, new_len, flags, to);
+  hook_store();
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
 
 namespace rnic::emu {
 namespace {
@@ -182,6 +224,210 @@ TEST(Pin, WritesDuringRegistrationAreNotLost) {
   t.join();
   EXPECT_GT(mine, 0u);
   EXPECT_EQ(*ctr, mine) << "stores lost while the pages moved";
+  munmap(buf, 2 * kPage);
+}
+
+// Deregistration gives private pages back while other threads store into heap neighbours of
+// the buffers on the same pages (as malloc's chunk headers next to a registered allocation):
+// 6 writer threads (more than the cores, so a fault is often handled late, after its freeze
+// ended or while the next page's freeze is on) each increment two counters, at the head and
+// the tail of their own page of one heap block, while the main thread registers a buffer
+// between the counters of every page and then deregisters them one after the other, for ~1.5 s.
+// No store may be lost and no fault may reach the default handler (the process would die).
+TEST(Pin, DeregGiveBackRacesHeapNeighbourStores) {
+  auto [dev, pd] = local_device();
+  constexpr size_t kWriters = 6;
+  constexpr size_t kCtr = 64;  // bytes at the head and tail of each page that stay unregistered
+  auto* block = static_cast<uint8_t*>(std::aligned_alloc(kPage, (kWriters + 1) * kPage));
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 0, (kWriters + 1) * kPage);
+  struct Counters {
+    volatile uint64_t* head;
+    volatile uint64_t* tail;
+  };
+  std::vector<Counters> ctr(kWriters);
+  for (size_t w = 0; w < kWriters; ++w) {
+    uint8_t* pg = block + w * kPage;
+    ctr[w] = {reinterpret_cast<volatile uint64_t*>(pg),
+              reinterpret_cast<volatile uint64_t*>(pg + kPage - 8)};
+  }
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> mine(kWriters, 0);
+  std::vector<std::thread> ws;
+  for (size_t w = 0; w < kWriters; ++w) {
+    ws.emplace_back([&, w] {
+      uint64_t n = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        *ctr[w].head = *ctr[w].head + 1;
+        *ctr[w].tail = *ctr[w].tail + 1;
+        ++n;
+        if ((n & 1023) == 0) std::this_thread::yield();
+      }
+      mine[w] = n;
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int rounds = 0;
+  std::vector<std::shared_ptr<Mr>> mrs(kWriters);
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1500)) {
+    for (size_t w = 0; w < kWriters; ++w) {
+      const auto a = reinterpret_cast<uint64_t>(block + w * kPage + kCtr);
+      auto mr = dev->reg_mr(pd, a, kPage - 2 * kCtr, a, kAccessLocalWrite | kAccessRemoteWrite);
+      ASSERT_TRUE(mr.has_value());
+      ASSERT_TRUE((*mr)->shadowed());
+      mrs[w] = *mr;
+    }
+    for (size_t w = 0; w < kWriters; ++w) {
+      ASSERT_TRUE(dev->dereg_mr(mrs[w]).is_ok());
+      mrs[w].reset();
+    }
+    ++rounds;
+  }
+  stop = true;
+  for (auto& t : ws) t.join();
+  EXPECT_GT(rounds, 10);
+  EXPECT_FALSE(maps_show_pin(block, (kWriters + 1) * kPage)) << "private pages not given back";
+  for (size_t w = 0; w < kWriters; ++w) {
+    EXPECT_GT(mine[w], 0u);
+    EXPECT_EQ(*ctr[w].head, mine[w]) << "writer " << w << ": head stores lost (" << rounds
+                                     << " rounds)";
+    EXPECT_EQ(*ctr[w].tail, mine[w]) << "writer " << w << ": tail stores lost";
+  }
+  std::free(block);
+}
+
+// The write freeze itself, at a much higher rate than registration can drive it: two pages are
+// frozen in turn (read-only, then writable again) for 0.5 s while 8 threads (4 per page, on the
+// 2 CPUs of CI: often preempted between a fault and its handler) store into them. A fault
+// handled late, after its freeze ended, or while the other page's freeze is on, or for the
+// second time at the same address, must be retried, not passed on as a crash; no store is
+// lost.
+TEST(Pin, WriteFreezeRetriesFaultsHandledLate) {
+  constexpr size_t kWriters = 8;
+  void* m = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* pages = static_cast<uint8_t*>(m);
+  std::memset(pages, 0, 2 * kPage);
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> mine(kWriters, 0);
+  std::vector<std::thread> ws;
+  for (size_t w = 0; w < kWriters; ++w) {
+    ws.emplace_back([&, w] {
+      auto* c = reinterpret_cast<volatile uint64_t*>(pages + (w % 2) * kPage + (w / 2) * 64);
+      uint64_t n = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        *c = *c + 1;
+        ++n;
+      }
+      mine[w] = n;
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t freezes = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+    for (int pg = 0; pg < 2; ++pg) {
+      const auto lo = reinterpret_cast<uint64_t>(pages + pg * kPage);
+      ASSERT_TRUE(write_freeze_begin(lo, lo + kPage));
+      ASSERT_EQ(syscall(SYS_mprotect, lo, kPage, PROT_READ), 0);
+      for (int i = 0; i < 200; ++i) asm volatile("" ::: "memory");
+      ASSERT_EQ(syscall(SYS_mprotect, lo, kPage, PROT_READ | PROT_WRITE), 0);
+      write_freeze_end();
+      ++freezes;
+    }
+  }
+  stop = true;
+  for (auto& t : ws) t.join();
+  EXPECT_GT(freezes, 1000u);
+  for (size_t w = 0; w < kWriters; ++w) {
+    auto* c = reinterpret_cast<volatile uint64_t*>(pages + (w % 2) * kPage + (w / 2) * 64);
+    EXPECT_GT(mine[w], 0u);
+    EXPECT_EQ(*c, mine[w]) << "writer " << w << ": stores lost over " << freezes << " freezes";
+  }
+  munmap(m, 2 * kPage);
+}
+
+// The two late cases, made deterministic: the kernel delivers a write fault's signal after the
+// instruction faulted, and a thread preempted in between runs its handler late. A SIGSEGV
+// with si_code SEGV_ACCERR is queued to this thread itself (rt_tgsigqueueinfo, as the
+// kernel's), for an address on a page whose freeze already ended: (1) right after this thread
+// waited out a freeze and retried at that address, and another freeze of the page came and
+// went; (2) while a freeze of another page is on. Both must be retried (the handler returns),
+// not passed on: passing on restores the default action (and a real late fault would kill the
+// process), which the fault guard shows as no longer installed.
+TEST(Pin, LateFreezeFaultIsRetriedNotPassedOn) {
+  void* m = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* pg = static_cast<uint8_t*>(m);
+  const auto lo = reinterpret_cast<uint64_t>(pg), lo2 = lo + kPage;
+  SafeMemAccess guard;  // installs the fault handler
+  ASSERT_TRUE(SafeMemAccess::guard_installed());
+  auto* cell = reinterpret_cast<volatile uint64_t*>(pg + 128);
+  auto freeze = [&](uint64_t a, int hold_ms, std::atomic<bool>* frozen) {
+    return std::thread([=] {
+      ASSERT_TRUE(write_freeze_begin(a, a + kPage));
+      ASSERT_EQ(syscall(SYS_mprotect, a, kPage, PROT_READ), 0);
+      if (frozen) frozen->store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+      ASSERT_EQ(syscall(SYS_mprotect, a, kPage, PROT_READ | PROT_WRITE), 0);
+      write_freeze_end();
+    });
+  };
+  auto late_fault = [&](uint64_t a) {
+    siginfo_t si{};
+    si.si_signo = SIGSEGV;
+    si.si_code = SEGV_ACCERR;
+    si.si_addr = reinterpret_cast<void*>(a);
+    ASSERT_EQ(syscall(SYS_rt_tgsigqueueinfo, getpid(), syscall(SYS_gettid), SIGSEGV, &si), 0);
+  };
+  // A real fault during a freeze: this thread waits in the handler and retries.
+  std::atomic<bool> frozen{false};
+  std::thread t = freeze(lo, 30, &frozen);
+  while (!frozen.load()) std::this_thread::yield();
+  *cell = 1;
+  t.join();
+  EXPECT_EQ(*cell, 1u);
+  // (1) The page is frozen and thawed again; then the same address faults "late".
+  freeze(lo, 1, nullptr).join();
+  late_fault(reinterpret_cast<uint64_t>(cell));
+  EXPECT_TRUE(SafeMemAccess::guard_installed()) << "a late fault at a retried address was passed on";
+  // (2) A late fault for the first page while the second one is frozen.
+  frozen = false;
+  t = freeze(lo2, 30, &frozen);
+  while (!frozen.load()) std::this_thread::yield();
+  late_fault(reinterpret_cast<uint64_t>(cell) + 8);
+  t.join();
+  EXPECT_TRUE(SafeMemAccess::guard_installed()) << "a late fault during another freeze was passed on";
+  *cell = 2;
+  EXPECT_EQ(*cell, 2u);
+  munmap(m, 2 * kPage);
+  guard.prepare();  // back in place for the tests after this one if it was passed on
+}
+
+// A hooked mmap/mremap (as UCX's UCM installs) never runs inside a freeze: its store into a
+// heap neighbour on the page being moved would fault on the mover, the one thread that cannot
+// wait for the freeze to end. (UCX 1.13's hook also drops mremap's fifth argument, so the
+// give-back's MREMAP_FIXED went to whatever address was in a register: the buffer's pages
+// stayed read-only and the next free() next to it crashed.) Registration and deregistration
+// make their mapping changes with system calls of their own: the hook is never called for
+// them and the private pages are given back.
+TEST(Pin, MappingHooksNeverRunInsideAFreeze) {
+  auto [dev, pd] = local_device();
+  uint8_t* buf = map_pages(2, 0);
+  ASSERT_NE(buf, nullptr);
+  auto* neighbour = reinterpret_cast<volatile uint64_t*>(buf + kPage + kPage - 8);  // not in the MR
+  const auto a = reinterpret_cast<uint64_t>(buf);
+  g_hook_calls = 0;
+  g_hook_store = neighbour;
+  for (int i = 0; i < 20; ++i) {
+    auto mr = *dev->reg_mr(pd, a, 2 * kPage - 64, a, kAccessLocalWrite);
+    EXPECT_TRUE(mr->shadowed());
+    ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
+  }
+  g_hook_store = nullptr;
+  EXPECT_FALSE(maps_show_pin(buf, 2 * kPage)) << "private pages not given back";
+  *neighbour = *neighbour;  // writable again
+  EXPECT_EQ(*neighbour, g_hook_calls.load());  // every hooked store kept (and none crashed)
+  EXPECT_EQ(g_hook_calls.load(), 0u) << "pinning called the hooked mmap/mremap";
   munmap(buf, 2 * kPage);
 }
 
