@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # pyverbs (Debian's python3-pyverbs, unmodified) on softrnic: open the device, create
 # PD/MR/CQ/QPs, connect two RC QPs on loopback, and run SEND, RDMA WRITE, RDMA READ and both
-# atomics (and ATOMIC_WRITE through QPEx), checking memory byte for byte. Run with the shim first on LD_LIBRARY_PATH.
+# atomics (and ATOMIC_WRITE through QPEx), checking memory byte for byte. Run with the shim
+# first on LD_LIBRARY_PATH.
 import struct
 import sys
 import time
