@@ -515,6 +515,29 @@ TEST_F(ReqTest, AtomicWriteSendsRethAndOperandAndCompletesOnEmptyReadResponse) {
   EXPECT_EQ(c[0].wr_id, 7u);
 }
 
+// A plain ACK covering an ATOMIC_WRITE means its READ RESPONSE was lost: nothing completes,
+// the request goes again with the same PSN (the responder replays, never re-executes); a
+// retransmit timeout does the same.
+TEST_F(ReqTest, AtomicWriteAnsweredByAckOrTimeoutIsResentSamePsn) {
+  ASSERT_TRUE(post_op(WrOpcode::kAtomicWrite, 7, 8).is_ok());
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAtomicWrite);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  fire_timers();
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data(), 8));
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(aeth::kCreditInvalid));
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+}
+
 TEST_F(ReqTest, AtomicWriteByValueAndFlushTakeInitiatorDepthSlots) {
   // Initiator depth 1: the FLUSH waits until the ATOMIC_WRITE before it is answered.
   ConnOpts o;
