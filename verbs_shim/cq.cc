@@ -24,6 +24,7 @@ static_assert(static_cast<int>(emu::WcOpcode::kFetchAdd) == IBV_WC_FETCH_ADD);
 static_assert(static_cast<int>(emu::WcOpcode::kBindMw) == IBV_WC_BIND_MW);
 static_assert(static_cast<int>(emu::WcOpcode::kLocalInv) == IBV_WC_LOCAL_INV);
 static_assert(static_cast<int>(emu::WcOpcode::kAtomicWrite) == IBV_WC_ATOMIC_WRITE);
+static_assert(static_cast<int>(emu::WcOpcode::kFlush) == compat::kWcFlush);
 static_assert(static_cast<int>(emu::WcOpcode::kRecv) == IBV_WC_RECV);
 static_assert(static_cast<int>(emu::WcOpcode::kRecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
 static_assert(emu::kWcGrh == IBV_WC_GRH && emu::kWcWithImm == IBV_WC_WITH_IMM &&

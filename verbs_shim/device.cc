@@ -590,7 +590,10 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   // Completion timestamps are CLOCK_MONOTONIC nanoseconds: a 1 GHz "core clock".
   full.completion_timestamp_mask = ~0ull;
   full.hca_core_clock = 1000000;  // kHz
-  full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
+  // ATOMIC_WRITE and FLUSH with the GLOBAL placement type (rdma-core 45+ bits). Not
+  // FLUSH_PERSISTENT: registered memory is ordinary process memory (check_mr_access).
+  full.device_cap_flags_ex = full.orig_attr.device_cap_flags | compat::kDeviceFlushGlobal |
+                             compat::kDeviceAtomicWrite;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   size_t n = attr_size < sizeof full ? attr_size : sizeof full;
   std::memcpy(attr, &full, n);

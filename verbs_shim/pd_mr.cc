@@ -21,6 +21,8 @@ static_assert(emu::kAccessRemoteAtomic == IBV_ACCESS_REMOTE_ATOMIC);
 static_assert(emu::kAccessMwBind == IBV_ACCESS_MW_BIND);
 static_assert(emu::kAccessZeroBased == IBV_ACCESS_ZERO_BASED);
 static_assert(emu::kAccessOnDemand == IBV_ACCESS_ON_DEMAND);
+static_assert(emu::kAccessFlushGlobal == compat::kAccessFlushGlobal &&
+              emu::kAccessFlushPersistent == compat::kAccessFlushPersistent);
 static_assert(emu::kAccessRelaxedOrdering == IBV_ACCESS_RELAXED_ORDERING);
 static_assert(emu::kAccessOptionalRange == IBV_ACCESS_OPTIONAL_RANGE);
 static_assert(emu::kReregChangeTranslation == IBV_REREG_MR_CHANGE_TRANSLATION);

@@ -30,6 +30,14 @@ static_assert(static_cast<int>(emu::WrOpcode::kBindMw) == IBV_WR_BIND_MW);
 static_assert(static_cast<int>(emu::WrOpcode::kSendWithInv) == IBV_WR_SEND_WITH_INV);
 static_assert(static_cast<int>(emu::WrOpcode::kTso) == IBV_WR_TSO);
 static_assert(static_cast<int>(emu::WrOpcode::kAtomicWrite) == IBV_WR_ATOMIC_WRITE);
+static_assert(static_cast<int>(emu::WrOpcode::kFlush) == compat::kWrFlush);
+// Qp is not standard-layout (shared_ptr, vectors), but its first two members are laid out
+// like QpEx45: checked here so an application's ibv_wr_flush() finds the slot.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"
+static_assert(offsetof(Qp, pub_) == 0 &&
+              offsetof(Qp, wr_flush_) == offsetof(compat::QpEx45, wr_flush));
+#pragma GCC diagnostic pop
 static_assert(emu::kQpState == IBV_QP_STATE && emu::kQpAv == IBV_QP_AV &&
               emu::kQpDestQpn == IBV_QP_DEST_QPN && emu::kQpCap == IBV_QP_CAP &&
               emu::kQpRateLimit == IBV_QP_RATE_LIMIT && emu::kQpSqPsn == IBV_QP_SQ_PSN &&
@@ -44,7 +52,10 @@ constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
     IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
-    IBV_QP_EX_WITH_SEND_WITH_INV;  // ATOMIC_WRITE: the engine does not execute it yet
+    IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE | compat::kQpExWithFlush;
+// ATOMIC_WRITE and FLUSH are RC operations: asking for them on another QP type is
+// EOPNOTSUPP, as rdma-core's rxe provider answers (check_qp_init_attr).
+constexpr uint64_t kRcOnlySendOps = IBV_QP_EX_WITH_ATOMIC_WRITE | compat::kQpExWithFlush;
 
 // ---- attribute conversion ----
 
@@ -127,6 +138,9 @@ inline int convert_send(const Qp* q, const ibv_send_wr* w, emu::SendWr* e) {
   static_assert(sizeof(raw_op) == sizeof(w->opcode));
   std::memcpy(&raw_op, &w->opcode, sizeof(raw_op));
   if (raw_op < IBV_WR_RDMA_WRITE || raw_op > IBV_WR_ATOMIC_WRITE) return EINVAL;
+  // FLUSH has no ibv_send_wr form (its placement type and level exist only as ibv_wr_flush
+  // arguments): EINVAL, as for any opcode the provider cannot post.
+  if (raw_op == compat::kWrFlush) return EINVAL;
   e->wr_id = w->wr_id;
   e->sg_list = reinterpret_cast<const emu::Sge*>(w->sg_list);
   e->num_sge = w->num_sge;
@@ -285,15 +299,22 @@ void wr_atomic_write(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* val
   if (q->batch_err_ != 0) return;
   w.rdma.rkey = rkey;
   w.rdma.remote_addr = addr;
-  // The 8-byte operand travels as inline payload.
-  grow(q, [&] {
-    const auto* b = static_cast<const uint8_t*>(value);
-    uint32_t at = static_cast<uint32_t>(q->batch_inline_.size());
-    q->batch_inline_.insert(q->batch_inline_.end(), b, b + 8);
-    q->batch_sge_.push_back(emu::Sge{0, 8, 0});
-    q->batch_inline_at_.back() = at;
-  });
-  w.send_flags |= emu::kSendInline;
+  // The 8-byte operand is copied now, by value (no inline-data capacity needed).
+  if (value == nullptr) {
+    q->batch_err_ = EINVAL;
+    return;
+  }
+  std::memcpy(&w.operand, value, 8);
+  w.has_operand = true;
+}
+void wr_flush(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, size_t len, uint8_t type,
+              uint8_t level) {
+  emu::SendWr& w = begin_wr(x, emu::WrOpcode::kFlush);
+  w.rdma.rkey = rkey;
+  w.rdma.remote_addr = addr;
+  w.flush.length = len;
+  w.flush.type = type;    // checked by post_send (EINVAL from wr_complete)
+  w.flush.level = level;
 }
 void wr_bind_mw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
   emu::SendWr& w = begin_wr(x, emu::WrOpcode::kBindMw);
@@ -392,6 +413,7 @@ void fill_qp_ex(Qp* q) {
   x.wr_complete = wr_complete;
   x.wr_abort = wr_abort;
   x.wr_atomic_write = wr_atomic_write;
+  q->wr_flush_ = wr_flush;
 }
 
 // Shared by ibv_create_qp and create_qp_ex. Returns nullptr with errno set.
@@ -551,6 +573,8 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     if (mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
       ops = attr->send_ops_flags;
       if (ops & ~kSupportedSendOps) return static_cast<ibv_qp*>(null_errno(EOPNOTSUPP));
+      if ((ops & kRcOnlySendOps) && attr->qp_type != IBV_QPT_RC)
+        return static_cast<ibv_qp*>(null_errno(EOPNOTSUPP));
     }
     ibv_qp_init_attr init{};
     init.qp_context = attr->qp_context;

@@ -23,6 +23,7 @@
 #include "verbs_shim/cm_bridge.h"
 #include "verbs_shim/config.h"
 #include "verbs_shim/host.h"
+#include "verbs_shim/verbs_compat.h"
 
 // Marks a function that leaves the library (the version script still decides the node).
 #define SHIM_EXPORT extern "C" __attribute__((visibility("default")))
@@ -154,6 +155,8 @@ inline Srq* to_srq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
 // application's own: the wr_* API is not thread-safe per QP, as in rdma-core).
 struct Qp {
   ibv_qp_ex pub_;
+  // rdma-core 45+ appends wr_flush to ibv_qp_ex (verbs_compat.h): it must follow pub_.
+  compat::WrFlushFn wr_flush_ = nullptr;
   std::shared_ptr<emu::Qp> emu_;
   uint64_t send_ops_flags_ = 0;
   // wr_* batch state; storage reserved at create so the hot path does not allocate.

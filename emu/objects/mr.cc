@@ -156,8 +156,13 @@ std::shared_ptr<Pd> Mr::pd() const {
 Status check_mr_access(uint32_t access) {
   constexpr uint32_t kKnown = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead |
                               kAccessRemoteAtomic | kAccessMwBind | kAccessZeroBased |
-                              kAccessOnDemand | kAccessHugetlb;
+                              kAccessOnDemand | kAccessHugetlb | kAccessFlushGlobal |
+                              kAccessFlushPersistent;
   if (access & ~(kKnown | kAccessOptionalRange)) return Errc::kInval;
+  // FLUSH_PERSISTENT needs persistent memory behind every page; softrnic registers ordinary
+  // process memory, so it answers as rxe does for non-pmem pages: EINVAL (and the device does
+  // not report IBV_DEVICE_FLUSH_PERSISTENT).
+  if (access & kAccessFlushPersistent) return Errc::kInval;
   // ibv_reg_mr(3): REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE (IBA C10-?; the
   // kernel's ib_check_mr_access returns EINVAL).
   if ((access & (kAccessRemoteWrite | kAccessRemoteAtomic)) && !(access & kAccessLocalWrite))

@@ -201,7 +201,8 @@ Status Qp::check_modify(const QpAttr& a, uint32_t mask, QpState* next_out, Av* a
   if ((mask & kQpPkeyIndex) && a.pkey_index >= kPkeyTableLen) return Errc::kInval;
   if (mask & kQpAccessFlags) {
     constexpr uint32_t kOk = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead |
-                             kAccessRemoteAtomic | kAccessMwBind;
+                             kAccessRemoteAtomic | kAccessMwBind | kAccessFlushGlobal |
+                             kAccessFlushPersistent;
     if (a.qp_access_flags & ~(kOk | kAccessOptionalRange)) return Errc::kInval;
   }
   if (mask & kQpPathMtu) {
@@ -388,7 +389,17 @@ Status Qp::validate_send_wr(const SendWr& wr) const {
     if (!(m & kWrInlineMask)) return Errc::kInval;
     if (len > cap_.max_inline_data) return Errc::kInval;
   }
-  if ((m & (kWrAtomicMask | kWrAtomicWriteMask)) && len < 8) return Errc::kInval;  // operand
+  if ((m & kWrAtomicMask) && len < 8) return Errc::kInval;  // operand
+  // ATOMIC_WRITE: exactly one 8-byte operand, by value or as the gather list.
+  if ((m & kWrAtomicWriteMask) && (wr.has_operand ? wr.num_sge != 0 : len != 8))
+    return Errc::kInval;
+  if (m & kWrFlushMask) {
+    // Placement type: GLOBAL and/or PERSISTENT; level: RANGE or the whole MR. No payload.
+    const uint8_t t = wr.flush.type;
+    if (t == 0 || (t & ~(kFlushGlobal | kFlushPersistent)) != 0) return Errc::kInval;
+    if (wr.flush.level != kFlushRange && wr.flush.level != kFlushMr) return Errc::kInval;
+    if (wr.num_sge != 0 || wr.flush.length > kPortMaxMsgSz) return Errc::kInval;
+  }
   if (type_ == QpType::kUd && wr.ud.ah == nullptr) return Errc::kInval;
   return Status::ok();
 }
@@ -434,6 +445,11 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
       w.remote_qkey = wr.ud.remote_qkey;
     }
     w.bind = (m & kWrBindMask) ? wr.bind_mw : BindInfo{};
+    w.flush_len = (m & kWrFlushMask) ? wr.flush.length : 0;
+    w.flush_type = (m & kWrFlushMask) ? wr.flush.type : 0;
+    w.flush_level = (m & kWrFlushMask) ? wr.flush.level : 0;
+    w.has_operand = (m & kWrAtomicWriteMask) && wr.has_operand;
+    w.operand = w.has_operand ? wr.operand : 0;
     w.length = 0;
     w.is_inline = (wr.send_flags & kSendInline) != 0;
     w.inline_len = 0;
@@ -455,6 +471,7 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
       }
       w.num_sge = static_cast<uint32_t>(wr.num_sge);
     }
+    if (w.has_operand) w.length = 8;
     w.state = WqeState::kPosted;
     w.status = WcStatus::kSuccess;
     w.first_psn = w.last_psn = 0;

@@ -38,7 +38,9 @@ struct ReqState {
 // One responder resource (IBA 9.7.5.1.4 / rxe resp_res): a READ or ATOMIC the responder
 // executed, kept so that a duplicate request can be answered without re-executing it.
 struct RespRes {
-  enum Kind : uint8_t { kFree = 0, kRead = 1, kAtomic = 2 } kind = kFree;
+  // kEmptyAck: an ATOMIC_WRITE or FLUSH, answered (and replayed) by a zero-length READ
+  // RESPONSE ONLY, never re-executed.
+  enum Kind : uint8_t { kFree = 0, kRead = 1, kAtomic = 2, kEmptyAck = 3 } kind = kFree;
   uint32_t first_psn = 0;
   uint32_t last_psn = 0;
   uint64_t va = 0;        // READ: original VA

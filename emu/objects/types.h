@@ -71,6 +71,7 @@ enum class WcOpcode : uint8_t {
   kBindMw = 5,
   kLocalInv = 6,
   kTso = 7,
+  kFlush = 8,  // IBV_WC_FLUSH (rdma-core >= 45; 44's headers lack it)
   kAtomicWrite = 9,
   kRecv = 128,
   kRecvRdmaWithImm = 129,
@@ -90,6 +91,7 @@ enum class WrOpcode : uint8_t {
   kSendWithInv = 9,
   kTso = 10,
   kDriver1 = 11,
+  kFlush = 14,  // IBV_WR_FLUSH (rdma-core >= 45: only through ibv_wr_flush)
   kAtomicWrite = 15,
 };
 const char* wr_opcode_name(WrOpcode op);
@@ -103,10 +105,20 @@ inline constexpr uint32_t kAccessMwBind = 1u << 4;
 inline constexpr uint32_t kAccessZeroBased = 1u << 5;
 inline constexpr uint32_t kAccessOnDemand = 1u << 6;
 inline constexpr uint32_t kAccessHugetlb = 1u << 7;
+// IBV_ACCESS_FLUSH_GLOBAL / _PERSISTENT (IB_UVERBS_ACCESS_FLUSH_*, rdma-core >= 45): the
+// rights a FLUSH of that placement type needs on the MR and the QP.
+inline constexpr uint32_t kAccessFlushGlobal = 1u << 8;
+inline constexpr uint32_t kAccessFlushPersistent = 1u << 9;
 // IBV_ACCESS_RELAXED_ORDERING == IB_UVERBS_ACCESS_OPTIONAL_FIRST (1 << 20). Bits 20..29
 // are "optional": a device may ignore them (rdma-core masks them with OPTIONAL_RANGE).
 inline constexpr uint32_t kAccessRelaxedOrdering = 1u << 20;
 inline constexpr uint32_t kAccessOptionalRange = (((1u << 29) << 1) - 1) & ~((1u << 20) - 1);
+// FLUSH placement types (FETH PLT bits, enum ibv_placement_type) and selectivity levels
+// (FETH SEL, enum ibv_selectivity_level).
+inline constexpr uint8_t kFlushGlobal = 1;
+inline constexpr uint8_t kFlushPersistent = 2;
+inline constexpr uint8_t kFlushRange = 0;
+inline constexpr uint8_t kFlushMr = 1;
 inline constexpr uint32_t kAccessRemoteAny =
     kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic;
 

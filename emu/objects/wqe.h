@@ -64,6 +64,17 @@ struct SendWr {
     uint32_t remote_qkey = 0;
   } ud;
   BindInfo bind_mw;
+  // FLUSH (rdma.remote_addr/rkey name the target): length, placement type (kFlush* bits),
+  // selectivity level (kFlushRange / kFlushMr).
+  struct {
+    uint64_t length = 0;
+    uint8_t type = 0;
+    uint8_t level = 0;
+  } flush;
+  // ATOMIC_WRITE given by value (ibv_wr_atomic_write): the 8 operand bytes in memory order.
+  // Without it the operand is the 8-byte gather list (ibv_post_send).
+  bool has_operand = false;
+  uint64_t operand = 0;
 };
 
 // One receive work request (ibv_recv_wr without the list link).
@@ -112,6 +123,11 @@ struct SendWqe {
   uint32_t rkey = 0;          // rdma.rkey or atomic.rkey
   uint64_t compare_add = 0;
   uint64_t swap = 0;
+  uint64_t flush_len = 0;     // FLUSH only: RETH DMA length
+  uint8_t flush_type = 0;     // FLUSH only: FETH placement type
+  uint8_t flush_level = 0;    // FLUSH only: FETH selectivity level
+  bool has_operand = false;   // ATOMIC_WRITE by value: `operand` is the payload
+  uint64_t operand = 0;       // (memory-order bytes)
   Av av;                      // UD only
   uint32_t remote_qpn = 0;    // UD only
   uint32_t remote_qkey = 0;   // UD only

@@ -25,8 +25,10 @@ static_assert((wr_mask(kRc, WrOpcode::kAtomicCmpAndSwp) & kWrAtomicMask) &&
               (wr_mask(kRc, WrOpcode::kAtomicFetchAndAdd) & kWrAtomicMask) &&
               !(wr_mask(kRc, WrOpcode::kAtomicWrite) & kWrAtomicMask) &&
               !(wr_mask(kRc, WrOpcode::kRdmaRead) & kWrAtomicMask));
-// Initiator depth: READ and the two atomics, nothing else.
+// Initiator depth: READ, the two atomics, ATOMIC_WRITE and FLUSH (the non-posted requests).
 static_assert((wr_mask(kRc, WrOpcode::kRdmaRead) & kWrRdAtomicMask) &&
+              (wr_mask(kRc, WrOpcode::kAtomicWrite) & kWrRdAtomicMask) &&
+              (wr_mask(kRc, WrOpcode::kFlush) & kWrRdAtomicMask) &&
               !(wr_mask(kRc, WrOpcode::kRdmaWrite) & kWrRdAtomicMask) &&
               !(wr_mask(kRc, WrOpcode::kSend) & kWrRdAtomicMask));
 
@@ -41,6 +43,10 @@ static_assert(wr_bth_opcode(kUc, WrOpcode::kRdmaWriteWithImm, false, true) ==
 static_assert(wr_bth_opcode(kRc, WrOpcode::kRdmaWrite, false, false) == o::kRcRdmaWriteMiddle);
 static_assert(wr_bth_opcode(kRc, WrOpcode::kRdmaRead, true, true) == o::kRcRdmaReadRequest);
 static_assert(wr_bth_opcode(kRc, WrOpcode::kAtomicFetchAndAdd, true, true) == o::kRcFetchAdd);
+static_assert(wr_bth_opcode(kRc, WrOpcode::kAtomicWrite, true, true) == o::kRcAtomicWrite);
+static_assert(wr_bth_opcode(kRc, WrOpcode::kFlush, true, true) == o::kRcFlush);
+static_assert(wr_valid(kRc, WrOpcode::kFlush) && !wr_valid(kUc, WrOpcode::kFlush) &&
+              !wr_valid(kUd, WrOpcode::kFlush) && !wr_valid(kUd, WrOpcode::kAtomicWrite));
 
 // WC opcodes (ibv_wc_opcode of each ibv_wr_opcode).
 static_assert(wc_opcode_for(WrOpcode::kRdmaWriteWithImm) == WcOpcode::kRdmaWrite);

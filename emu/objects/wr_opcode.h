@@ -38,6 +38,10 @@ inline constexpr uint32_t kWrWaitSqMask = 1u << 17;      // starts only once eve
 inline constexpr uint32_t kWrBindMask = 1u << 18;        // carries MW bind parameters
 inline constexpr uint32_t kWrUnimplementedMask = 1u << 19;  // valid, but the requester fails it
                                                             // with LOC_QP_OP_ERR, nothing sent
+inline constexpr uint32_t kWrFlushMask = 1u << 20;       // FLUSH: RETH + FETH, no payload
+// Answered by a zero-length RDMA READ RESPONSE ONLY (IBA 1.5 oA19; rxe
+// send_read_response_ack): ATOMIC_WRITE and FLUSH.
+inline constexpr uint32_t kWrEmptyReadRespMask = kWrAtomicWriteMask | kWrFlushMask;
 
 // Position of a packet in its message (BTH opcode families: IBA Vol 1 9.2, Table 38).
 enum WrPkt : uint8_t { kWrPktFirst = 0, kWrPktMiddle, kWrPktLast, kWrPktOnly, kNumWrPkts };
@@ -121,10 +125,17 @@ inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kTable = {
     // 10 TSO, 11 DRIVER1: no QP type takes them.
     row("TSO", 0, 0, WcOpcode::kTso, kWrNoBth, kWrNoBth, kWrNoBth, kWrNoBth),
     row("DRIVER1", 0, 0, WcOpcode::kSend, kWrNoBth, kWrNoBth, kWrNoBth, kWrNoBth),
-    none(), none(), none(),
-    // 15 ATOMIC_WRITE: accepted by post_send (8-byte operand), failed by the requester.
+    none(), none(),
+    // 14 FLUSH (IBA 1.5 Annex A19): RETH + FETH, RC only, only through ibv_wr_flush. A
+    // non-posted request: it takes an initiator-depth slot, as the responder gives it a
+    // responder resource (rxe_prepare_res).
+    row("FLUSH", kRc, kWrFlushMask | kWrRemoteAddrMask | kWrRdAtomicMask, WcOpcode::kFlush,
+        o::kRcFlush, o::kRcFlush, o::kRcFlush, o::kRcFlush),
+    // 15 ATOMIC_WRITE (IBA 1.5 Annex A19): RETH + 8-byte payload, RC only. The address and
+    // rkey come from wr.rdma (as rxe); the operand from the 8-byte gather list (ibv_post_send;
+    // no IBV_SEND_INLINE, as rxe) or by value (ibv_wr_atomic_write). Non-posted, like FLUSH.
     row("ATOMIC_WRITE", kRc,
-        kWrAtomicWriteMask | kWrRemoteAddrMask | kWrAtomicFieldsMask | kWrUnimplementedMask,
+        kWrAtomicWriteMask | kWrRemoteAddrMask | kWrPayloadMask | kWrRdAtomicMask,
         WcOpcode::kAtomicWrite, o::kRcAtomicWrite, o::kRcAtomicWrite, o::kRcAtomicWrite,
         o::kRcAtomicWrite),
 };

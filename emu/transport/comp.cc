@@ -356,7 +356,8 @@ CompStep get_wqe(Qp& qp, Resp& k) {
   if (i < 0) return CompStep::kUpdateComp;
   SendWqe& w = qp.sq().at(static_cast<uint32_t>(i));
   const bool is_atomic_ack = k.p.opcode == op::kRcAtomicAcknowledge;
-  if (!(facts(qp, w) & (is_atomic_ack ? kWrAtomicMask : kWrReadMask)))
+  // A READ response answers a READ, or (zero-length, RESPONSE_ONLY) an ATOMIC_WRITE / FLUSH.
+  if (!(facts(qp, w) & (is_atomic_ack ? kWrAtomicMask : (kWrReadMask | kWrEmptyReadRespMask))))
     return CompStep::kUpdateComp;
   if (psn_diff(k.psn, w.first_psn) < 0 || psn_diff(k.psn, w.last_psn) > 0)
     return CompStep::kUpdateComp;
@@ -396,6 +397,16 @@ CompStep atomic_ack(Engine& e, Qp& qp, Resp& k) {
 
 CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
   SendWqe& w = *k.wqe;
+  if (facts(qp, w) & kWrEmptyReadRespMask) {
+    // ATOMIC_WRITE / FLUSH: done by a zero-length RDMA READ RESPONSE ONLY (rxe
+    // send_read_response_ack); anything else is dropped (the retry timer recovers).
+    if (k.p.opcode != op::kRcRdmaReadResponseOnly || k.p.payload_len != 0)
+      return CompStep::kUpdateComp;
+    rd_atomic_done(qp, w);
+    qp.comp_.psn = psn_add(k.psn, 1);
+    k.progress = true;
+    return CompStep::kUpdateComp;
+  }
   const uint32_t mtu = qp.req_.mtu;
   const uint64_t off = static_cast<uint64_t>(psn_diff(k.psn, w.first_psn)) * mtu;
   const bool last = k.psn == w.last_psn;

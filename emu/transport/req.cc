@@ -87,6 +87,10 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
 // Copies len payload bytes from the cursor into dst and advances the cursor.
 WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len) {
   Device& dev = e.device();
+  if (w.has_operand) {  // ATOMIC_WRITE by value (ibv_wr_atomic_write)
+    std::memcpy(dst, reinterpret_cast<const uint8_t*>(&w.operand) + w.offset, len);
+    return WcStatus::kSuccess;
+  }
   if (w.is_inline) {
     std::memcpy(dst, w.inline_data + w.offset, len);
     return WcStatus::kSuccess;
@@ -208,7 +212,7 @@ Pick start_wqe(ReqRun& x, SendWqe& w) {
     return w.state == WqeState::kError ? Pick::kStop : Pick::kNext;
   }
   if (m & kWrUnimplementedMask) {
-    // ATOMIC_WRITE (and FLUSH) are not implemented: fail the WQE, nothing is sent.
+    // A valid opcode the engine does not execute (none today): fail it, nothing is sent.
     w.status = WcStatus::kLocQpOpErr;
     w.state = WqeState::kError;
     return Pick::kStop;
@@ -269,7 +273,19 @@ void fill_atomic(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
   k.f.ack_req = true;
 }
 
-// SEND / WRITE: the next MTU of payload; RETH on a WRITE's first packet; ImmDt, IETH and SE
+// FLUSH: one packet, RETH (range) + FETH (placement type, selectivity level), no payload.
+void fill_flush(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
+  k.f.opcode = wr_bth_opcode(x.type, w.opcode, true, true);
+  k.f.va = w.remote_addr;
+  k.f.rkey = w.rkey;
+  k.f.dma_len = static_cast<uint32_t>(w.flush_len);
+  k.f.flush_plt = w.flush_type;
+  k.f.flush_sel = w.flush_level;
+  k.f.ack_req = true;
+}
+
+// SEND / WRITE / ATOMIC_WRITE: the next MTU of payload; RETH on a WRITE's first packet (and
+// on the one ATOMIC_WRITE packet, DMA length 8); ImmDt, IETH and SE
 // on the last.
 void fill_data(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
   const ReqState& r = x.r;
@@ -279,7 +295,7 @@ void fill_data(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
   k.last = last;
   k.plen = static_cast<uint32_t>(std::min<uint64_t>(rem, r.mtu));
   k.f.opcode = wr_bth_opcode(x.type, w.opcode, first, last);
-  if ((m & kWrWriteMask) && first) {
+  if ((m & (kWrWriteMask | kWrAtomicWriteMask)) && first) {
     k.f.va = w.remote_addr;
     k.f.rkey = w.rkey;
     k.f.dma_len = static_cast<uint32_t>(w.length);
@@ -308,6 +324,8 @@ void build_packet(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
     fill_read(x, w, k);
   } else if (m & kWrAtomicMask) {
     fill_atomic(x, w, m, k);
+  } else if (m & kWrFlushMask) {
+    fill_flush(x, w, k);
   } else {
     fill_data(x, w, m, k);
   }

@@ -5,6 +5,7 @@
 #include "emu/transport/resp.h"
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstring>
 
@@ -301,6 +302,18 @@ void send_atomic_ack(Engine& e, Qp& qp, uint32_t psn, uint64_t orig, uint32_t ms
   queue_packet(e, qp, f, nullptr, 0);
 }
 
+// The answer to an ATOMIC_WRITE or FLUSH: a zero-length RDMA READ RESPONSE ONLY (IBA 1.5
+// Annex A19; rxe send_read_response_ack).
+void send_empty_read_resp(Engine& e, Qp& qp, uint32_t psn, uint32_t msn) {
+  wire::PacketFields f;
+  f.opcode = op::kRcRdmaReadResponseOnly;
+  f.dest_qp = qp.attr().dest_qp_num;
+  f.psn = psn;
+  f.syndrome = aeth::ack(aeth::kCreditInvalid);
+  f.msn = msn;
+  queue_packet(e, qp, f, nullptr, 0);
+}
+
 // ---- receive WQEs ----
 
 // Takes the next receive WQE (SRQ or own RQ) into s.wqe / s.sges.
@@ -424,8 +437,19 @@ Step check_op_valid(Qp& qp, const Pkt& k) {
     return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_READ");
   if ((k.mask & wire::kAtomicMask) && !(acc & kAccessRemoteAtomic))
     return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_ATOMIC");
-  if (k.mask & (wire::kAtomicWriteMask | wire::kFlushMask))
-    return refuse(k, Step::kErrInvReq, "ATOMIC_WRITE/FLUSH not supported");
+  // ATOMIC_WRITE needs REMOTE_WRITE (rxe check_qp_attr_access; docs/checks.md §2.2 row 3).
+  if ((k.mask & wire::kAtomicWriteMask) && !(acc & kAccessRemoteWrite))
+    return refuse(k, Step::kErrInvReq, "QP access flags lack REMOTE_WRITE (ATOMIC_WRITE)");
+  if (k.mask & wire::kFlushMask) {
+    const auto f = k.p.feth();
+    // Reserved placement types / selectivity levels: a malformed request.
+    if (f.plt() == 0 || (f.plt() & ~(kFlushGlobal | kFlushPersistent)) != 0 ||
+        f.sel() > kFlushMr)
+      return refuse(k, Step::kErrInvReq, "FLUSH with a reserved placement type or level");
+    if (((f.plt() & kFlushGlobal) && !(acc & kAccessFlushGlobal)) ||
+        ((f.plt() & kFlushPersistent) && !(acc & kAccessFlushPersistent)))
+      return refuse(k, Step::kErrInvReq, "QP access flags lack the FLUSH placement type");
+  }
   if (qp.type() == QpType::kUc && (k.mask & (wire::kReadMask | wire::kAtomicMask)))
     return refuse(k, Step::kErrInvReq, "READ/ATOMIC on a UC QP");
   return Step::kCheckResource;
@@ -436,7 +460,8 @@ Step check_resource(Qp& qp, const Pkt& k) {
   if (k.mask & wire::kRwrMask) {
     if (!s.have_wqe && !take_wqe(qp)) return Step::kRnr;
   }
-  if (k.mask & (wire::kReadMask | wire::kAtomicMask)) {
+  if (k.mask & (wire::kReadMask | wire::kAtomicMask | wire::kAtomicWriteMask |
+                wire::kFlushMask)) {
     if (s.res.empty())
       return refuse(k, Step::kErrInvReq, "READ/ATOMIC with max_dest_rd_atomic 0");
   }
@@ -470,6 +495,9 @@ Step check_length(Engine& e, Qp& qp, const Pkt& k) {
     if (k.p.reth().dma_len() > kMaxDmaLen)
       return refuse(k, Step::kErrInvReq, "RETH DMA length above 2^31");
   }
+  // ATOMIC_WRITE: the RETH names exactly the 8 payload bytes (parse_roce checked those).
+  if ((k.mask & wire::kAtomicWriteMask) && k.p.reth().dma_len() != 8)
+    return refuse(k, Step::kErrInvReq, "ATOMIC_WRITE RETH DMA length is not 8");
   if (k.mask & wire::kWriteMask) {
     // Payload vs DMA length (rxe check_length / ReDMArk A2).
     if (start) {
@@ -482,6 +510,40 @@ Step check_length(Engine& e, Qp& qp, const Pkt& k) {
     }
   }
   return Step::kCheckRkey;
+}
+
+// The rights a FLUSH of placement type plt needs (rxe check_rkey).
+uint32_t flush_access(uint8_t plt) {
+  return ((plt & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+         ((plt & kFlushPersistent) ? kAccessFlushPersistent : 0);
+}
+
+// The range a FLUSH covers: the RETH range (level RANGE), or the whole MR / window the rkey
+// names (level MR: VA and length are not used, rxe skips the range check). A zero-length
+// RANGE flush still has its key checked (rxe validates FLUSH keys whatever the length), so it
+// is checked as a flush of the whole object, which it cannot exceed.
+RkeyResult flush_target(Device& dev, const Qp& qp, const Pkt& k, uint64_t* va, uint64_t* len) {
+  const auto reth = k.p.reth();
+  if (k.p.feth().sel() == kFlushRange && reth.dma_len() != 0) {
+    *va = reth.va();
+    *len = reth.dma_len();
+    return RkeyResult::kOk;
+  }
+  const uint32_t rkey = reth.rkey();
+  if (std::shared_ptr<Mw> mw = dev.keys().find_mw(rkey)) {
+    const MwView w = mw->view();
+    *va = w.zero_based ? 0 : w.addr;
+    *len = w.length;
+  } else if (std::shared_ptr<Mr> mr = dev.keys().find_mr(rkey)) {
+    const MrView v = mr->view();
+    *va = v.iova;
+    *len = v.length;
+  } else {
+    return RkeyResult::kBadKey;
+  }
+  (void)qp;
+  // check_remote checks no key for a zero length: an empty MR/window is refused here.
+  return *len == 0 ? RkeyResult::kOutOfRange : RkeyResult::kOk;
 }
 
 Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
@@ -514,6 +576,21 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     if (r == RkeyResult::kMisaligned)  // S08
       return refuse(k, Step::kErrInvReq, "ATOMIC address not 8-byte aligned");
     if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", r);
+  } else if (k.mask & wire::kAtomicWriteMask) {
+    const auto reth = k.p.reth();
+    RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(), 8,
+                                kAccessRemoteWrite, nullptr);
+    if (r != RkeyResult::kOk)
+      return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", r);
+    if (reth.va() & 7)  // IBA A19.4.2 (rxe): 8-byte aligned, else Invalid Request
+      return refuse(k, Step::kErrInvReq, "ATOMIC_WRITE address not 8-byte aligned");
+  } else if (k.mask & wire::kFlushMask) {
+    uint64_t va = 0, len = 0;
+    RkeyResult r = flush_target(dev, qp, k, &va, &len);
+    if (r == RkeyResult::kOk)
+      r = check_remote(dev.keys(), k.p.reth().rkey(), qp.pd().get(), qp.qpn(), va, len,
+                       flush_access(k.p.feth().plt()), nullptr);
+    if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", r);
   }
   return Step::kExecute;
 }
@@ -626,11 +703,65 @@ Step execute_atomic(Engine& e, Qp& qp, const Pkt& k) {
   return Step::kDone;
 }
 
+// Saves an ATOMIC_WRITE / FLUSH in the responder resources (duplicates are re-answered from
+// it, never re-executed: C9-105 .. C9-112, rxe duplicate_request) and answers it.
+void empty_ack_done(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  RespRes& r = next_res(s);
+  r.kind = RespRes::kEmptyAck;
+  r.first_psn = r.last_psn = k.psn;
+  r.replay_budget = kReplayFactor;
+  s.msn = psn_add(s.msn, 1);
+  r.msn = s.msn;
+  s.epsn = psn_add(k.psn, 1);
+  bump(qp.comp_.ctr, dctr(e), Ctr::kRdmaRecvs);
+  send_empty_read_resp(e, qp, k.psn, r.msn);
+}
+
+// ATOMIC_WRITE: one 8-byte store, atomic with respect to CMP_AND_SWP / FETCH_AND_ADD and to
+// other ATOMIC_WRITEs on the same address (MemAccess::atomic_write64); the bytes land as sent.
+Step execute_atomic_write(Engine& e, Qp& qp, const Pkt& k) {
+  Device& dev = e.device();
+  const auto reth = k.p.reth();
+  RemoteTarget t;
+  RkeyResult rk = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(), 8,
+                               kAccessRemoteWrite, &t);
+  if (rk != RkeyResult::kOk)
+    return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", rk);
+  uint64_t value;
+  std::memcpy(&value, k.p.payload, 8);
+  if (!dev.mem().atomic_write64(t.host_addr, value)) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
+    return refuse(k, Step::kErrRkey, "ATOMIC_WRITE target memory not accessible");
+  }
+  empty_ack_done(e, qp, k);
+  return Step::kDone;
+}
+
+// FLUSH: every earlier request of this QP has been executed (the responder runs them in PSN
+// order and its stores are plain process-memory stores), so global visibility is a full
+// fence. PERSISTENT never gets here: no MR can carry FLUSH_PERSISTENT (check_mr_access).
+Step execute_flush(Engine& e, Qp& qp, const Pkt& k) {
+  Device& dev = e.device();
+  uint64_t va = 0, len = 0;
+  RkeyResult rk = flush_target(dev, qp, k, &va, &len);
+  RemoteTarget t;
+  if (rk == RkeyResult::kOk)
+    rk = check_remote(dev.keys(), k.p.reth().rkey(), qp.pd().get(), qp.qpn(), va, len,
+                      flush_access(k.p.feth().plt()), &t);
+  if (rk != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", rk);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  empty_ack_done(e, qp, k);
+  return Step::kDone;
+}
+
 Step execute(Engine& e, Qp& qp, const Pkt& k) {
   if (k.mask & wire::kSendMask) return execute_send(e, qp, k);
   if (k.mask & wire::kWriteMask) return execute_write(e, qp, k);
   if (k.mask & wire::kReadMask) return execute_read(e, qp, k);
   if (k.mask & wire::kAtomicMask) return execute_atomic(e, qp, k);
+  if (k.mask & wire::kAtomicWriteMask) return execute_atomic_write(e, qp, k);
+  if (k.mask & wire::kFlushMask) return execute_flush(e, qp, k);
   return refuse(k, Step::kErrInvReq, "request opcode the responder does not execute");
 }
 
@@ -713,7 +844,8 @@ bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
     RespRes& r = s.res[idx];
     if (r.kind == RespRes::kFree) continue;
     if (psn_diff(k.psn, r.first_psn) < 0 || psn_diff(k.psn, r.last_psn) > 0) continue;
-    if (r.replay_budget == 0 && (k.mask & (wire::kAtomicMask | wire::kReadMask))) {
+    if (r.replay_budget == 0 && (k.mask & (wire::kAtomicMask | wire::kReadMask |
+                                           wire::kAtomicWriteMask | wire::kFlushMask))) {
       RESP_LOG("drop", "duplicate READ/ATOMIC beyond the resource's replay budget",
                Ctr::kDuplicateRequest, qp, k);
       return false;
@@ -721,6 +853,12 @@ bool duplicate(Engine& e, Qp& qp, const Pkt& k) {
     if ((k.mask & wire::kAtomicMask) && r.kind == RespRes::kAtomic && k.psn == r.first_psn) {
       --r.replay_budget;
       send_atomic_ack(e, qp, r.first_psn, r.orig, r.msn);  // never re-executed
+      return false;
+    }
+    if ((k.mask & (wire::kAtomicWriteMask | wire::kFlushMask)) && r.kind == RespRes::kEmptyAck &&
+        k.psn == r.first_psn) {
+      --r.replay_budget;
+      send_empty_read_resp(e, qp, r.first_psn, r.msn);  // never re-executed
       return false;
     }
     if ((k.mask & wire::kReadMask) && r.kind == RespRes::kRead) {

@@ -450,15 +450,118 @@ TEST_F(ReqTest, SqdDrainsReportsAndResumes) {
 }
 
 
-TEST_F(ReqTest, AtomicWriteIsNotSupported) {
-  Wr w = send_wr(WrOpcode::kAtomicWrite, 1, {sge(buf.data(), 8, mb)});
-  w.atomic.remote_addr = 0x1000;
-  w.atomic.rkey = kRkey;
-  ASSERT_TRUE(post(qp, w).is_ok());
-  EXPECT_EQ(sent().size(), 0u);
+// ATOMIC_WRITE: one RC_ATOMIC_WRITE packet (RETH: VA, rkey, DMA length 8; the 8 operand
+// bytes as payload, AckReq), completed by a zero-length READ RESPONSE ONLY; an ACK alone
+// does not complete it (the response was lost: go back N, as for a READ).
+TEST_F(ReqTest, AtomicWriteSendsRethAndOperandAndCompletesOnEmptyReadResponse) {
+  ASSERT_TRUE(post_op(WrOpcode::kAtomicWrite, 7, 8).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAtomicWrite);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_EQ(out[0].f.va, kRemoteVa);
+  EXPECT_EQ(out[0].f.rkey, kRkey);
+  EXPECT_EQ(out[0].f.dma_len, 8u);
+  EXPECT_TRUE(out[0].f.ack_req);
+  ASSERT_EQ(out[0].v.payload_len, 8u);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data(), 8));
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(aeth::kCreditInvalid));
   auto c = drain_cq(*s.scq);
   ASSERT_EQ(c.size(), 1u);
-  EXPECT_EQ(c[0].status, WcStatus::kLocQpOpErr);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kAtomicWrite);
+  EXPECT_EQ(c[0].wr_id, 7u);
+}
+
+// A plain ACK covering an ATOMIC_WRITE means its READ RESPONSE was lost: nothing completes,
+// the request goes again with the same PSN (the responder replays, never re-executes); a
+// retransmit timeout does the same.
+TEST_F(ReqTest, AtomicWriteAnsweredByAckOrTimeoutIsResentSamePsn) {
+  ASSERT_TRUE(post_op(WrOpcode::kAtomicWrite, 7, 8).is_ok());
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 0u);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAtomicWrite);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  fire_timers();
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data(), 8));
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(aeth::kCreditInvalid));
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+}
+
+TEST_F(ReqTest, AtomicWriteByValueAndFlushTakeInitiatorDepthSlots) {
+  // Initiator depth 1: the FLUSH waits until the ATOMIC_WRITE before it is answered.
+  ConnOpts o;
+  o.max_rd_atomic = 1;
+  setup(o);
+  Wr w = send_wr(WrOpcode::kAtomicWrite, 1, {});
+  w.rdma.remote_addr = kRemoteVa + 8;
+  w.rdma.rkey = kRkey;
+  w.has_operand = true;
+  w.operand = 0x1122334455667788ull;
+  ASSERT_TRUE(post(qp, w).is_ok());
+  Wr f = send_wr(WrOpcode::kFlush, 2, {});
+  f.rdma.remote_addr = kRemoteVa;
+  f.rdma.rkey = kRkey;
+  f.flush.length = 4096;
+  f.flush.type = kFlushGlobal;
+  f.flush.level = kFlushRange;
+  ASSERT_TRUE(post(qp, f).is_ok());
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].v.payload_len, 8u);
+  EXPECT_EQ(0, std::memcmp(out[0].v.payload, &w.operand, 8));
+  respond(op::kRcRdmaReadResponseOnly, kSpsn, aeth::ack(aeth::kCreditInvalid));
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcFlush);
+  EXPECT_EQ(out[0].psn(), kSpsn + 1);
+  EXPECT_EQ(out[0].f.va, kRemoteVa);
+  EXPECT_EQ(out[0].f.dma_len, 4096u);
+  EXPECT_EQ(out[0].f.flush_plt, kFlushGlobal);
+  EXPECT_EQ(out[0].f.flush_sel, kFlushRange);
+  EXPECT_EQ(out[0].v.payload_len, 0u);
+  EXPECT_TRUE(out[0].f.ack_req);
+  // A READ response with data does not answer a FLUSH: dropped.
+  std::vector<uint8_t> junk(8, 1);
+  respond(op::kRcRdmaReadResponseOnly, kSpsn + 1, aeth::ack(aeth::kCreditInvalid), junk);
+  auto c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kAtomicWrite);
+  respond(op::kRcRdmaReadResponseOnly, kSpsn + 1, aeth::ack(aeth::kCreditInvalid));
+  c = drain_cq(*s.scq);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kFlush);
+  EXPECT_EQ(c[0].byte_len, 0u);
+}
+
+TEST_F(ReqTest, AtomicWriteAndFlushBadInputIsEinval) {
+  Wr w4 = send_wr(WrOpcode::kAtomicWrite, 1, {sge(buf.data(), 4, mb)});  // not 8 bytes
+  EXPECT_EQ(post(qp, w4).code(), Errc::kInval);
+  Wr wi = send_wr(WrOpcode::kAtomicWrite, 1, {sge(buf.data(), 8, mb)}, kSendInline);
+  EXPECT_EQ(post(qp, wi).code(), Errc::kInval);  // no inline ATOMIC_WRITE (rxe)
+  for (auto [type, level] : {std::pair<uint8_t, uint8_t>{0, 0}, {4, 0}, {1, 2}}) {
+    Wr f = send_wr(WrOpcode::kFlush, 2, {});
+    f.flush.type = type;
+    f.flush.level = level;
+    EXPECT_EQ(post(qp, f).code(), Errc::kInval) << int(type) << "/" << int(level);
+  }
+  auto uc = s.qp(QpType::kUc);
+  connect_qp(*s.dev, uc, "127.0.0.2", kPeerQpn + 1, ConnOpts{});
+  Wr fu = send_wr(WrOpcode::kFlush, 3, {});
+  fu.flush.type = kFlushGlobal;
+  EXPECT_EQ(post(uc, fu).code(), Errc::kInval);
+  EXPECT_EQ(post(uc, send_wr(WrOpcode::kAtomicWrite, 4, {sge(buf.data(), 8, mb)})).code(),
+            Errc::kInval);
+  EXPECT_EQ(sent().size(), 0u);
 }
 
 // At SOFTRNIC_LOG=trace the completer names every state it passes through, one line per

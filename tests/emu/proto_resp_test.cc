@@ -226,6 +226,174 @@ TEST_F(RespTest, DuplicateAtomicReturnsSavedValueNeverReExecutes) {
   EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
 }
 
+// ---- ATOMIC_WRITE and FLUSH (IBA 1.5 Annex A19) ----
+
+// ATOMIC_WRITE stores the 8 payload bytes as sent and is answered by a zero-length RDMA READ
+// RESPONSE ONLY carrying the MSN; a duplicate is re-answered from the responder resource and
+// never re-executed (a later store to the word survives it).
+TEST_F(RespTest, AtomicWriteStoresEightBytesAnswersEmptyReadResponseAndReplays) {
+  const uint8_t v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  wire::PacketFields f = write(op::kRcAtomicWrite, 100, tva(128), 8);
+  p.send(f, v);
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadResponseOnly);
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(out[0].v.payload_len, 0u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].f.msn, 1u);
+  EXPECT_EQ(0, std::memcmp(target.data() + 128, v, 8));
+  target.data()[128] = 0x77;
+  p.send(f, v);
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadResponseOnly);
+  EXPECT_EQ(out[0].psn(), 100u);
+  EXPECT_EQ(out[0].f.msn, 1u);
+  EXPECT_EQ(target.data()[128], 0x77);  // not re-executed
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), 1u);
+  // A FETCH_AND_ADD after it sees the stored word (one atomic path).
+  uint64_t word;
+  std::memcpy(&word, target.data() + 128, 8);
+  wire::PacketFields a = req(op::kRcFetchAdd, 101);
+  a.va = tva(128);
+  a.rkey = mt->rkey();
+  a.swap_add = 1;
+  p.send(a);
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].f.orig, word);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+TEST_F(RespTest, AtomicWriteMisalignedNaksInvalidRequestMemoryUnchanged) {
+  GuardedBuf before{16};
+  std::memcpy(before.data(), target.data() + 128, 16);
+  p.send(write(op::kRcAtomicWrite, 100, tva(130), 8), bytes(8, 0xee));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  EXPECT_EQ(0, std::memcmp(before.data(), target.data() + 128, 16));
+  EXPECT_EQ(qp->state(), QpState::kErr);
+}
+
+TEST_F(RespTest, AtomicWriteNeedsRemoteWriteOnTheMrAndEightByteDmaLength) {
+  auto ro = s.mr(target.data(), 4096, kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteAtomic);
+  p.send(write(op::kRcAtomicWrite, 100, tva(64), 8, ro->rkey()), bytes(8, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+  setup(QpType::kRc, kEpsn);
+  p.send(write(op::kRcAtomicWrite, 100, tva(64), 16), bytes(8, 1));  // RETH says 16
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+TEST_F(RespTest, AtomicWriteNeedsRemoteWriteOnTheQp) {
+  ConnOpts o;
+  o.access = kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteAtomic;
+  setup(QpType::kRc, kEpsn, o);
+  p.send(write(op::kRcAtomicWrite, 100, tva(64), 8), bytes(8, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+class FlushRespTest : public RespTest {
+ protected:
+  std::shared_ptr<Mr> mf;
+  void SetUp() override {
+    ConnOpts o;
+    o.access |= kAccessFlushGlobal | kAccessFlushPersistent;
+    setup(QpType::kRc, kEpsn, o);
+    mf = s.mr(target.data(), target.n, kAccessLocalWrite | kAccessRemoteWrite | kAccessFlushGlobal);
+  }
+  wire::PacketFields flush(uint32_t psn, uint64_t va, uint32_t len, uint8_t plt, uint8_t sel,
+                           uint32_t rkey = 0) {
+    wire::PacketFields f = write(op::kRcFlush, psn, va, len, rkey ? rkey : mf->rkey());
+    f.flush_plt = plt;
+    f.flush_sel = sel;
+    return f;
+  }
+};
+
+// Both selectivity levels: a range inside the MR, and the whole MR (VA/length ignored).
+TEST_F(FlushRespTest, GlobalFlushOfRangeAndOfWholeMrAnswersEmptyReadResponse) {
+  p.send(flush(100, tva(0), 4096, kFlushGlobal, kFlushRange));
+  p.send(flush(101, 0xdead0000, 0, kFlushGlobal, kFlushMr));
+  auto out = step();
+  ASSERT_EQ(out.size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].opcode(), op::kRcRdmaReadResponseOnly);
+    EXPECT_EQ(out[i].psn(), 100u + i);
+    EXPECT_EQ(out[i].v.payload_len, 0u);
+    EXPECT_EQ(out[i].f.msn, 1u + i);
+  }
+  p.send(flush(101, 0xdead0000, 0, kFlushGlobal, kFlushMr));  // duplicate: re-answered
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 101u);
+  EXPECT_EQ(out[0].f.msn, 2u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// The MR has FLUSH_GLOBAL only: a PERSISTENT flush is a remote access error (rdma-core
+// test_qp_ex_rc_flush_type_violate), and so is a range outside the MR.
+TEST_F(FlushRespTest, PersistentFlushWithoutTheMrRightNaksRemoteAccess) {
+  p.send(flush(100, tva(0), 64, kFlushPersistent, kFlushRange));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+}
+
+TEST_F(FlushRespTest, RangeOutsideTheMrNaksRemoteAccess) {
+  p.send(flush(100, tva(8000), 4096, kFlushGlobal, kFlushRange));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+}
+
+TEST_F(FlushRespTest, GlobalFlushOnMrWithoutFlushRightNaksRemoteAccess) {
+  p.send(flush(100, tva(0), 64, kFlushGlobal, kFlushRange, mt->rkey()));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakRemoteAccessError));
+}
+
+TEST_F(FlushRespTest, ReservedPlacementTypeOrLevelNaksInvalidRequest) {
+  p.send(flush(100, tva(0), 64, 0, kFlushRange));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  SetUp();
+  p.send(flush(100, tva(0), 64, kFlushGlobal, 2));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+TEST_F(RespTest, FlushWithoutTheQpFlushRightNaksInvalidRequest) {
+  wire::PacketFields f = write(op::kRcFlush, 100, tva(0), 64);
+  f.flush_plt = kFlushGlobal;
+  p.send(f);
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+}
+
+TEST(FlushMrAccess, PersistentRegistrationIsEinvalGlobalIsAccepted) {
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  GuardedBuf b{4096};
+  auto a = reinterpret_cast<uint64_t>(b.data());
+  EXPECT_EQ(s.dev->reg_mr(s.pd, a, 4096, a, kAccessLocalWrite | kAccessFlushPersistent)
+                .error(),
+            Errc::kInval);
+  EXPECT_TRUE(s.dev->reg_mr(s.pd, a, 4096, a, kAccessLocalWrite | kAccessFlushGlobal)
+                  .has_value());
+}
+
 // ---- NAK syndromes ----
 
 TEST_F(RespTest, OpcodeSequenceErrorNaksInvalidRequest) {

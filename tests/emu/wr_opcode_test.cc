@@ -21,7 +21,7 @@ constexpr WrOpcode kAll[] = {
     WrOpcode::kSendWithImm,      WrOpcode::kRdmaRead,         WrOpcode::kAtomicCmpAndSwp,
     WrOpcode::kAtomicFetchAndAdd, WrOpcode::kLocalInv,        WrOpcode::kBindMw,
     WrOpcode::kSendWithInv,      WrOpcode::kTso,              WrOpcode::kDriver1,
-    WrOpcode::kAtomicWrite};
+    WrOpcode::kFlush,            WrOpcode::kAtomicWrite};
 
 // Expected validity, written out independently of the table (IBA 10.8.3; rxe's
 // rxe_wr_opcode_info gives the same sets for RC/UC/UD).
@@ -40,7 +40,7 @@ TEST(WrOpcodeTable, ValidityPerQpType) {
     for (WrOpcode op : kAll)
       EXPECT_EQ(wr_valid(t, op), expect_valid(t, op))
           << "type " << int(t) << " op " << wr_opcode_name(op);
-  for (int v : {12, 13, 14, 16, 100, 255})
+  for (int v : {12, 13, 16, 100, 255})
     for (QpType t : kTypes) EXPECT_FALSE(wr_valid(t, static_cast<WrOpcode>(v))) << v;
 }
 
@@ -59,6 +59,7 @@ TEST(WrOpcodeTable, NamesAreTheVerbsNames) {
       {WrOpcode::kSendWithInv, "SEND_WITH_INV"},
       {WrOpcode::kTso, "TSO"},
       {WrOpcode::kDriver1, "DRIVER1"},
+      {WrOpcode::kFlush, "FLUSH"},
       {WrOpcode::kAtomicWrite, "ATOMIC_WRITE"},
   };
   for (const auto& [op, name] : kExpected) {
@@ -74,11 +75,16 @@ TEST(WrOpcodeTable, OneAtomicOneReadOneInitiatorDepth) {
     const bool cas_faa = op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
     EXPECT_EQ((m & kWrAtomicMask) != 0, cas_faa) << wr_opcode_name(op);
     EXPECT_EQ((m & kWrReadMask) != 0, op == WrOpcode::kRdmaRead) << wr_opcode_name(op);
-    EXPECT_EQ((m & kWrRdAtomicMask) != 0, cas_faa || op == WrOpcode::kRdmaRead);
+    // Initiator depth: every non-posted request (READ, atomics, ATOMIC_WRITE, FLUSH).
+    EXPECT_EQ((m & kWrRdAtomicMask) != 0, cas_faa || op == WrOpcode::kRdmaRead ||
+                                              op == WrOpcode::kAtomicWrite ||
+                                              op == WrOpcode::kFlush);
     EXPECT_EQ((m & kWrLocalWriteMask) != 0, cas_faa || op == WrOpcode::kRdmaRead);
     EXPECT_EQ((m & kWrCompareMask) != 0, op == WrOpcode::kAtomicCmpAndSwp);
     EXPECT_EQ((m & kWrLocalMask) != 0, op == WrOpcode::kLocalInv || op == WrOpcode::kBindMw);
-    EXPECT_EQ((m & kWrUnimplementedMask) != 0, op == WrOpcode::kAtomicWrite);
+    EXPECT_EQ(m & kWrUnimplementedMask, 0u) << wr_opcode_name(op);  // every valid op runs
+    EXPECT_EQ((m & kWrEmptyReadRespMask) != 0,
+              op == WrOpcode::kAtomicWrite || op == WrOpcode::kFlush);
   }
   // Inline: the SEND and WRITE families only (rxe WR_INLINE_MASK).
   for (WrOpcode op : kAll) {
@@ -98,6 +104,7 @@ TEST(WrOpcodeTable, WcOpcodes) {
       {WrOpcode::kAtomicFetchAndAdd, WcOpcode::kFetchAdd},
       {WrOpcode::kLocalInv, WcOpcode::kLocalInv},   {WrOpcode::kBindMw, WcOpcode::kBindMw},
       {WrOpcode::kTso, WcOpcode::kTso},             {WrOpcode::kAtomicWrite, WcOpcode::kAtomicWrite},
+      {WrOpcode::kFlush, WcOpcode::kFlush},
       {WrOpcode::kDriver1, WcOpcode::kSend}};
   for (auto [wr, wc] : kWant) EXPECT_EQ(wc_opcode_for(wr), wc) << wr_opcode_name(wr);
 }
@@ -129,6 +136,8 @@ TEST(WrOpcodeTable, BthOpcodesAgreeWithTheWireTable) {
         EXPECT_EQ((w.mask & wire::kWriteMask) != 0, (m & kWrWriteMask) != 0);
         EXPECT_EQ((w.mask & wire::kReadMask) != 0, (m & kWrReadMask) != 0);
         EXPECT_EQ((w.mask & wire::kAtomicMask) != 0, (m & kWrAtomicMask) != 0);
+        EXPECT_EQ((w.mask & wire::kAtomicWriteMask) != 0, (m & kWrAtomicWriteMask) != 0);
+        EXPECT_EQ((w.mask & wire::kFlushMask) != 0, (m & kWrFlushMask) != 0);
         if (m & (kWrSendMask | kWrWriteMask)) {
           EXPECT_EQ((w.mask & wire::kStartMask) != 0, first);
           EXPECT_EQ((w.mask & wire::kEndMask) != 0, last);
@@ -144,8 +153,9 @@ TEST(WrOpcodeTable, BthOpcodesAgreeWithTheWireTable) {
       }
     }
   }
-  // RC: 3 SEND x 4 + 2 WRITE x 4 + READ + 2 atomics; UC: 2 SEND x 4 + 2 WRITE x 4; UD: 2.
-  EXPECT_EQ(checked, (12 + 8 + 3) + (8 + 8) + 2);
+  // RC: 3 SEND x 4 + 2 WRITE x 4 + READ + 2 atomics + ATOMIC_WRITE x 4 + FLUSH x 4;
+  // UC: 2 SEND x 4 + 2 WRITE x 4; UD: 2.
+  EXPECT_EQ(checked, (12 + 8 + 3 + 8) + (8 + 8) + 2);
 }
 
 // post_send answers from the table: every (QP type, opcode) pair the table refuses is EINVAL
@@ -165,6 +175,10 @@ TEST(WrOpcodeTable, PostSendFollowsTheTable) {
       w.num_sge = 1;
       w.opcode = op;
       w.ud.ah = ah.get();
+      if (op == WrOpcode::kFlush) {  // no gather list; a valid placement type
+        w.num_sge = 0;
+        w.flush.type = kFlushGlobal;
+      }
       int bad = -1;
       Status st = qp->post_send(&w, 1, &bad);
       EXPECT_EQ(st.is_ok(), wr_valid(t, op)) << qp_type_name(t) << " " << wr_opcode_name(op);

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # pyverbs (Debian's python3-pyverbs, unmodified) on softrnic: open the device, create
 # PD/MR/CQ/QPs, connect two RC QPs on loopback, and run SEND, RDMA WRITE, RDMA READ and both
-# atomics, checking memory byte for byte. Run with the shim first on LD_LIBRARY_PATH.
+# atomics (and ATOMIC_WRITE through QPEx), checking memory byte for byte. Run with the shim
+# first on LD_LIBRARY_PATH.
 import struct
 import sys
 import time
@@ -13,7 +14,7 @@ from pyverbs.cq import CQ
 from pyverbs.device import Context, get_device_list
 from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 DEV = 'softrnic0'
@@ -33,14 +34,22 @@ def poll_one(cq, timeout=10.0):
 class Side:
     """One endpoint: its own context (and so its own softrnic device address)."""
 
-    def __init__(self, size=4096):
+    def __init__(self, size=4096, send_ops_flags=0):
         self.ctx = Context(name=DEV)
         self.pd = PD(self.ctx)
         self.cq = CQ(self.ctx, 64)
         self.mr = MR(self.pd, size, ACCESS)
         cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
-        self.qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
-                                         cap=cap))
+        if send_ops_flags:
+            # The extended QP, as rdma-core's test_qpex.py creates it.
+            attr = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
+                                pd=self.pd, send_ops_flags=send_ops_flags,
+                                comp_mask=e.IBV_QP_INIT_ATTR_PD |
+                                e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+            self.qp = QPEx(self.ctx, attr)
+        else:
+            self.qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
+                                             cap=cap))
         self.gid = self.ctx.query_gid(1, 0)
 
     def connect(self, peer):
@@ -151,6 +160,24 @@ class PyverbsOnSoftrnic(unittest.TestCase):
         self.assertEqual(wc.opcode, e.IBV_WC_COMP_SWAP)
         self.assertEqual(struct.unpack('<Q', a.mr.read(8, 0))[0], 105)
         self.assertEqual(struct.unpack('<Q', b.mr.read(8, 0))[0], 7)
+
+    def test_qp_ex_atomic_write(self):
+        # rdma-core 44 test_qpex.py test_qp_ex_rc_atomic_write: QPEx.wr_atomic_write.
+        c = Side(send_ops_flags=e.IBV_QP_EX_WITH_ATOMIC_WRITE)
+        d = Side(send_ops_flags=e.IBV_QP_EX_WITH_ATOMIC_WRITE)
+        c.connect(d)
+        d.connect(c)
+        d.mr.write(b'\0' * 16, 16)
+        value = b'8bytes!!'
+        c.qp.wr_start()
+        c.qp.wr_id = 9
+        c.qp.wr_flags = e.IBV_SEND_SIGNALED
+        c.qp.wr_atomic_write(d.mr.rkey, d.mr.buf + 8, value)
+        c.qp.wr_complete()
+        wc = poll_one(c.cq)
+        self.assertEqual(wc.status, e.IBV_WC_SUCCESS)
+        self.assertEqual(wc.opcode, e.IBV_WC_ATOMIC_WRITE)
+        self.assertEqual(d.mr.read(16, 0), b'\0' * 8 + value)
 
     def test_bad_rkey_is_remote_access_error(self):
         # A separate QP pair: the error moves both QPs to ERR (IBA 10.7.3.1).
