@@ -184,6 +184,20 @@ int Cq::poll(Cqe* out, int n) {
   return 0;
 }
 
+uint32_t Cq::remove_qp(uint32_t qp_num) {
+  std::lock_guard lk(mu_);
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < count_; ++i) {
+    const Cqe& e = ring_[(head_ + i) % cqe_];
+    if (e.qp_num == qp_num) continue;
+    if (kept != i) ring_[(head_ + kept) % cqe_] = e;
+    ++kept;
+  }
+  const uint32_t removed = count_ - kept;
+  count_ = kept;
+  return removed;
+}
+
 uint32_t Cq::count() const {
   std::lock_guard lk(mu_);
   return count_;

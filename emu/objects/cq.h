@@ -128,6 +128,12 @@ class Cq : public std::enable_shared_from_this<Cq> {
   int poll(Cqe* out, int n);
   // Number of completions queued.
   uint32_t count() const;
+  // Drops every queued completion of QP `qp_num`, keeping the others in order; returns how
+  // many. Used when that QP goes to RESET (as libmlx5's mlx5_cq_clean: the IBA leaves
+  // unpolled completions of a reset QP to the implementation; hardware providers drop them,
+  // so a QP reset after an error does not hand its stale flush completions to the next
+  // round of traffic).
+  uint32_t remove_qp(uint32_t qp_num);
   // ibv_req_notify_cq: arm for the next completion (solicited_only: the next solicited or
   // unsuccessful completion). One event per arm; arming an armed CQ keeps the weaker
   // (next-completion) condition. Arming without a channel is allowed and never signals.
