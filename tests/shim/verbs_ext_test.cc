@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 namespace {
@@ -33,8 +34,14 @@ class VerbsExtTest : public ::testing::Test {
     ASSERT_NE(pd_, nullptr);
     ASSERT_EQ(ibv_query_gid(ctx_, 1, 0, &gid_), 0);
     for (int i = 0; i < 2; ++i) {
-      cq_[i] = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
-      ASSERT_NE(cq_[i], nullptr);
+      ibv_cq_init_attr_ex cx{};
+      cx.cqe = 64;
+      cx.wc_flags = static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS) |
+                    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+      cqx_[i] = ibv_create_cq_ex(ctx_, &cx);
+      ASSERT_NE(cqx_[i], nullptr) << strerror(errno);
+      cq_[i] = ibv_cq_ex_to_cq(cqx_[i]);
       buf_[i].assign(kLen, 0);
       mr_[i] = ibv_reg_mr(pd_, buf_[i].data(), kLen, kAccess);
       ASSERT_NE(mr_[i], nullptr);
@@ -149,6 +156,7 @@ class VerbsExtTest : public ::testing::Test {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_gid gid_{};
+  ibv_cq_ex* cqx_[2] = {};
   ibv_cq* cq_[2] = {};
   ibv_mr* mr_[2] = {};
   ibv_qp* qp_[2] = {};
@@ -220,6 +228,80 @@ TEST_F(VerbsExtTest, ReregBadInputErrnos) {
   // The MR is untouched by the refused calls.
   EXPECT_EQ(mr_[1]->addr, p);
   send_ok(p, 0x33);
+}
+
+// ------------------------------------------------------------------ timestamps
+
+uint64_t rt_now(ibv_context* ctx) {
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx, &v), 0);
+  EXPECT_EQ(v.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+  EXPECT_EQ(v.raw_clock.tv_sec, 0);  // the whole count in tv_nsec, as libmlx5 reports it
+  return static_cast<uint64_t>(v.raw_clock.tv_nsec);
+}
+
+uint64_t real_ns() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+TEST_F(VerbsExtTest, CompletionTimestampsOnTheDeviceClockAndWallclock) {
+  // The device clock: 1 GHz (hca_core_clock in kHz), 64 bits of timestamp.
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.hca_core_clock, 1000000u);
+  EXPECT_EQ(ax.completion_timestamp_mask, ~0ull);
+  // Given: the device clock and the wall clock read before and after one SEND.
+  const uint64_t t0 = rt_now(ctx_), w0 = real_ns();
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 30);
+  post_send(0, 31);
+  uint64_t ts[2], wall[2];
+  for (int i = 0; i < 2; ++i) {
+    ibv_poll_cq_attr pa{};
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int rc;
+    while ((rc = ibv_start_poll(cqx_[i], &pa)) == ENOENT)
+      ASSERT_LT(std::chrono::steady_clock::now(), end) << "no completion";
+    ASSERT_EQ(rc, 0);
+    EXPECT_EQ(cqx_[i]->status, IBV_WC_SUCCESS);
+    ts[i] = ibv_wc_read_completion_ts(cqx_[i]);
+    wall[i] = ibv_wc_read_completion_wallclock_ns(cqx_[i]);
+    ibv_end_poll(cqx_[i]);
+  }
+  const uint64_t t1 = rt_now(ctx_), w1 = real_ns();
+  // Expect: both completions stamped inside the window on the device clock, and in
+  // nanoseconds of wall time inside the wall-clock window (1 ms slack: the wall time is the
+  // device time plus the REALTIME - MONOTONIC offset read when the completion is read).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(ts[i], t0);
+    EXPECT_LE(ts[i], t1);
+    EXPECT_GE(wall[i] + 1000000, w0);
+    EXPECT_LE(wall[i], w1 + 1000000);
+  }
+  EXPECT_LE(ts[1], ts[0] + 1000000000ull);  // one round trip on loopback: well under 1 s
+}
+
+TEST_F(VerbsExtTest, RtValuesAndTimestampCqBadInput) {
+  // Unknown comp_mask bits are ignored (libmlx5) and cleared from the answer.
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK | (1u << 7);
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_EQ(v.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+  v = {};
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_EQ(v.comp_mask, 0u);  // nothing asked, nothing filled
+  errno = 0;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, nullptr), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  // A wc_flags bit the device cannot fill: NULL, errno EOPNOTSUPP (as libmlx5).
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 4;
+  cx.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_FLOW_TAG;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
 }
 
 }  // namespace
