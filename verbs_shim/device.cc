@@ -546,6 +546,9 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   // Completion timestamps are CLOCK_MONOTONIC nanoseconds: a 1 GHz "core clock".
   full.completion_timestamp_mask = ~0ull;
   full.hca_core_clock = 1000000;  // kHz
+  // ibv_modify_cq moderation (emu::Cq::set_moderation).
+  full.cq_mod_caps.max_cq_count = 0xffff;
+  full.cq_mod_caps.max_cq_period = emu::kMaxCqPeriodUs;
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   size_t n = attr_size < sizeof full ? attr_size : sizeof full;

@@ -8,6 +8,8 @@
 #include "rc_connect.h"
 #include <infiniband/verbs.h>
 
+#include <poll.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -33,9 +35,12 @@ class VerbsExtTest : public ::testing::Test {
     pd_ = ibv_alloc_pd(ctx_);
     ASSERT_NE(pd_, nullptr);
     ASSERT_EQ(ibv_query_gid(ctx_, 1, 0, &gid_), 0);
+    ch_ = ibv_create_comp_channel(ctx_);  // the receiver's CQ (1) reports to it
+    ASSERT_NE(ch_, nullptr);
     for (int i = 0; i < 2; ++i) {
       ibv_cq_init_attr_ex cx{};
       cx.cqe = 64;
+      cx.channel = i == 1 ? ch_ : nullptr;
       cx.wc_flags = static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS) |
                     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
                     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
@@ -69,6 +74,9 @@ class VerbsExtTest : public ::testing::Test {
       if (cq_[i]) {
         EXPECT_EQ(ibv_destroy_cq(cq_[i]), 0);
       }
+    }
+    if (ch_) {
+      EXPECT_EQ(ibv_destroy_comp_channel(ch_), 0);
     }
     if (pd_) {
       EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
@@ -156,6 +164,7 @@ class VerbsExtTest : public ::testing::Test {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_gid gid_{};
+  ibv_comp_channel* ch_ = nullptr;
   ibv_cq_ex* cqx_[2] = {};
   ibv_cq* cq_[2] = {};
   ibv_mr* mr_[2] = {};
@@ -302,6 +311,94 @@ TEST_F(VerbsExtTest, RtValuesAndTimestampCqBadInput) {
   errno = 0;
   EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+// ------------------------------------------------------------------ ibv_modify_cq
+
+// Waits up to ms for a CQ event on the channel; true and acked if one came.
+bool got_event(ibv_comp_channel* ch, int ms) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  if (ibv_get_cq_event(ch, &cq, &cq_ctx) != 0) return false;
+  ibv_ack_cq_events(cq, 1);
+  return true;
+}
+
+uint64_t mono_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+TEST_F(VerbsExtTest, ModifyCqCountHoldsTheEventUntilTheNthCompletion) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.cq_mod_caps.max_cq_count, 0xffffu);
+  EXPECT_EQ(ax.cq_mod_caps.max_cq_period, 4095u);
+  ibv_modify_cq_attr m{};
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 3;
+  m.moderate.cq_period = 0;
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  // Given: two receive completions of three; both pollable at once, no event.
+  for (int k = 0; k < 2; ++k) send_ok(buf_[1].data(), uint8_t(0x40 + k));
+  EXPECT_FALSE(got_event(ch_, 50));
+  // Expect: the third raises it.
+  send_ok(buf_[1].data(), 0x43);
+  EXPECT_TRUE(got_event(ch_, 5000));
+}
+
+TEST_F(VerbsExtTest, ModifyCqPeriodRaisesTheEventAfterThePeriod) {
+  ibv_modify_cq_attr m{};
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 1000;
+  m.moderate.cq_period = 4000;  // µs
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  // One completion of a thousand: the event comes from the period's timer, never before
+  // the period has passed since the completion (a lower bound: load can only delay it).
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 40);
+  post_send(0, 41);
+  EXPECT_EQ(poll(0).status, IBV_WC_SUCCESS);
+  ibv_poll_cq_attr pa{};
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int rc;
+  while ((rc = ibv_start_poll(cqx_[1], &pa)) == ENOENT)
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "no completion";
+  ASSERT_EQ(rc, 0);
+  const uint64_t done = ibv_wc_read_completion_ts(cqx_[1]);
+  ibv_end_poll(cqx_[1]);
+  ASSERT_TRUE(got_event(ch_, 5000));
+  EXPECT_GE(mono_ns(), done + 4000 * 1000ull);
+  // Back to no moderation (count 1, period 0): an event per arm at the first completion.
+  m.moderate.cq_count = 1;
+  m.moderate.cq_period = 0;
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  send_ok(buf_[1].data(), 0x44);
+  EXPECT_TRUE(got_event(ch_, 5000));
+}
+
+TEST_F(VerbsExtTest, ModifyCqBadInput) {
+  ibv_modify_cq_attr m{};
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);  // empty mask (the kernel's EINVAL)
+  EXPECT_EQ(errno, EINVAL);
+  m.attr_mask = IBV_CQ_ATTR_MODERATE | IBV_CQ_ATTR_RESERVED;  // rdma-core: EINVAL
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 8;
+  m.moderate.cq_period = 4096;  // above max_cq_period (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  m.moderate.cq_period = 4095;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), 0);
 }
 
 }  // namespace
