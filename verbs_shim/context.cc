@@ -67,7 +67,7 @@ void fill_ops(Context* ctx) {
   v.alloc_parent_domain = uns_alloc_parent_domain;
   v.dealloc_td = uns_dealloc_td;
   v.alloc_td = uns_alloc_td;
-  v.modify_cq = uns_modify_cq;
+  v.modify_cq = op_modify_cq;
   v.post_srq_ops = uns_post_srq_ops;
   v.destroy_rwq_ind_table = uns_destroy_rwq_ind_table;
   v.create_rwq_ind_table = uns_create_rwq_ind_table;

@@ -190,6 +190,21 @@ ibv_cq_ex* op_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   });
 }
 
+// ibv_modify_cq: rdma-core refuses attr_mask bits from IBV_CQ_ATTR_RESERVED up and the
+// kernel an empty mask (EINVAL); a period above the device's max_cq_period is EINVAL (mlx5).
+// What is honoured: emu::Cq::set_moderation (event moderation; poll is never delayed).
+int op_modify_cq(ibv_cq* cq, ibv_modify_cq_attr* attr) {
+  if (cq == nullptr || attr == nullptr) return fail_errno(EINVAL);
+  if (inherited(cq->context)) return fail_errno(EIO);
+  if (attr->attr_mask == 0 || (attr->attr_mask & ~static_cast<uint32_t>(IBV_CQ_ATTR_MODERATE)))
+    return fail_errno(EINVAL);
+  return guard_int([&] {
+    emu::Status st = to_cq(cq)->emu_->set_moderation(attr->moderate.cq_count,
+                                                     attr->moderate.cq_period);
+    return st.is_ok() ? 0 : fail_errno(err_of(st));
+  });
+}
+
 }  // namespace rnic::shim
 
 SHIM_EXPORT struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, void* cq_context,

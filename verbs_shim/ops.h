@@ -19,6 +19,7 @@ int op_query_rt_values(ibv_context* ctx, ibv_values_ex* values);
 int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int op_req_notify_cq(ibv_cq* cq, int solicited_only);
 ibv_cq_ex* op_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+int op_modify_cq(ibv_cq* cq, ibv_modify_cq_attr* attr);
 
 // qp.cc
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
@@ -56,7 +57,6 @@ int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*);
 ibv_pd* uns_alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
 int uns_dealloc_td(ibv_td*);
 ibv_td* uns_alloc_td(ibv_context*, ibv_td_init_attr*);
-int uns_modify_cq(ibv_cq*, ibv_modify_cq_attr*);
 int uns_post_srq_ops(ibv_srq*, ibv_ops_wr*, ibv_ops_wr**);
 int uns_destroy_rwq_ind_table(ibv_rwq_ind_table*);
 ibv_rwq_ind_table* uns_create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*);

@@ -116,18 +116,73 @@ uint32_t Cq::cqe() const {
   return cqe_;
 }
 
-void Cq::maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire) {
+void Cq::fire_locked(std::shared_ptr<Cq>* fire) {
+  arm_ = Arm::kNone;
+  mod_pending_ = 0;
+  mod_deadline_ns_ = 0;
+  if (channel_) *fire = shared_from_this();
+}
+
+void Cq::maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire,
+                             uint64_t* deadline) {
   if (arm_ == Arm::kNone) return;
   // Solicited-only arm fires on a solicited completion or an unsuccessful one (IBA 11.4.2.2).
   bool hit = arm_ == Arm::kNext || solicited || e.status != WcStatus::kSuccess;
   if (!hit) return;
-  arm_ = Arm::kNone;
-  if (channel_) *fire = shared_from_this();
+  const bool moderated = mod_count_ > 1 || (mod_count_ == 0 && mod_period_us_ != 0);
+  if (moderated) {
+    ++mod_pending_;
+    if (mod_count_ == 0 || mod_pending_ < mod_count_) {
+      if (mod_period_us_ == 0) return;  // count only: wait for the count
+      if (mod_deadline_ns_ == 0) {
+        mod_deadline_ns_ = e.timestamp_ns + uint64_t(mod_period_us_) * 1000;
+        *deadline = mod_deadline_ns_;
+      }
+      return;
+    }
+  }
+  fire_locked(fire);
+}
+
+Status Cq::set_moderation(uint16_t count, uint16_t period_us) {
+  if (period_us > kMaxCqPeriodUs) return Errc::kInval;
+  std::lock_guard lk(mu_);
+  mod_count_ = count;
+  mod_period_us_ = period_us;
+  return Status::ok();
+}
+
+uint16_t Cq::moderation_count() const {
+  std::lock_guard lk(mu_);
+  return mod_count_;
+}
+
+uint16_t Cq::moderation_period_us() const {
+  std::lock_guard lk(mu_);
+  return mod_period_us_;
+}
+
+uint64_t Cq::moderation_tick(uint64_t now_ns) {
+  std::shared_ptr<Cq> fire;
+  {
+    std::lock_guard lk(mu_);
+    if (mod_deadline_ns_ == 0) return 0;
+    if (now_ns < mod_deadline_ns_) return mod_deadline_ns_;
+    if (arm_ != Arm::kNone && mod_pending_ > 0) {
+      fire_locked(&fire);
+    } else {
+      mod_pending_ = 0;
+      mod_deadline_ns_ = 0;
+    }
+  }
+  if (fire) channel_->notify(std::move(fire));
+  return 0;
 }
 
 bool Cq::push(const Cqe& e, bool solicited) {
   std::shared_ptr<Cq> fire;
   bool overflow_now = false;
+  uint64_t deadline = 0;
   {
     std::lock_guard lk(mu_);
     if (error_.load(std::memory_order_relaxed)) return false;
@@ -140,7 +195,15 @@ bool Cq::push(const Cqe& e, bool solicited) {
       slot = e;
       slot.timestamp_ns = Device::now_ns();
       ++count_;
-      maybe_notify_locked(slot, solicited, &fire);
+      maybe_notify_locked(slot, solicited, &fire, &deadline);
+    }
+  }
+  if (deadline != 0) {
+    // A moderation period started: the engine times it; without one, raise the event now.
+    TransportHooks* h = dev_->hooks();
+    if (h == nullptr || !h->on_cq_deadline(*this, deadline)) {
+      std::lock_guard lk(mu_);
+      if (arm_ != Arm::kNone && mod_deadline_ns_ == deadline) fire_locked(&fire);
     }
   }
   if (overflow_now) {
@@ -182,6 +245,20 @@ int Cq::poll(Cqe* out, int n) {
     }
   }
   return 0;
+}
+
+uint32_t Cq::remove_qp(uint32_t qp_num) {
+  std::lock_guard lk(mu_);
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < count_; ++i) {
+    const Cqe& e = ring_[(head_ + i) % cqe_];
+    if (e.qp_num == qp_num) continue;
+    if (kept != i) ring_[(head_ + kept) % cqe_] = e;
+    ++kept;
+  }
+  const uint32_t removed = count_ - kept;
+  count_ = kept;
+  return removed;
 }
 
 uint32_t Cq::count() const {

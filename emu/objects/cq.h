@@ -39,6 +39,9 @@ struct Cqe {
   uint64_t timestamp_ns = 0;  // CLOCK_MONOTONIC ns, stamped by Cq::push
 };
 
+// Largest ibv_modify_cq period (µs) accepted, as mlx5 (EINVAL above).
+inline constexpr uint16_t kMaxCqPeriodUs = 4095;
+
 // RoCE L3 header type of a received UD datagram (the mlx5 PRM's CQE encoding, bits 2:0).
 inline constexpr uint8_t kRoceL3Ipv6 = 1;  // RoCE v2 over IPv6
 inline constexpr uint8_t kRoceL3Ipv4 = 2;  // RoCE v2 over IPv4
@@ -128,6 +131,12 @@ class Cq : public std::enable_shared_from_this<Cq> {
   int poll(Cqe* out, int n);
   // Number of completions queued.
   uint32_t count() const;
+  // Drops every queued completion of QP `qp_num`, keeping the others in order; returns how
+  // many. Used when that QP goes to RESET (as libmlx5's mlx5_cq_clean: the IBA leaves
+  // unpolled completions of a reset QP to the implementation; hardware providers drop them,
+  // so a QP reset after an error does not hand its stale flush completions to the next
+  // round of traffic).
+  uint32_t remove_qp(uint32_t qp_num);
   // ibv_req_notify_cq: arm for the next completion (solicited_only: the next solicited or
   // unsuccessful completion). One event per arm; arming an armed CQ keeps the weaker
   // (next-completion) condition. Arming without a channel is allowed and never signals.
@@ -142,6 +151,20 @@ class Cq : public std::enable_shared_from_this<Cq> {
   // ibv_resize_cq: new capacity >= count() and <= device max, else EINVAL.
   Status resize(uint32_t cqe);
 
+  // ibv_modify_cq(IBV_CQ_ATTR_MODERATE): event moderation, as a NIC's CQ moderation. It
+  // changes only when an armed CQ's completion event is raised, never what poll() returns:
+  // the event waits until `count` completions matching the arm have arrived, or until
+  // `period_us` microseconds after the first of them, whichever comes first. count 0 = no
+  // count bound (period only); count <= 1 with period 0 = no moderation (an event at the
+  // first matching completion, the default). With a period but no engine to time it (no
+  // hooks), the event is raised at once. Limits: count <= 65535, period <= kMaxCqPeriodUs.
+  Status set_moderation(uint16_t count, uint16_t period_us);  // EINVAL: period too long
+  uint16_t moderation_count() const;
+  uint16_t moderation_period_us() const;
+  // The engine's timer: raise the event whose period ended by now_ns. Returns the pending
+  // deadline if it is still ahead, else 0 (nothing more to time).
+  uint64_t moderation_tick(uint64_t now_ns);
+
   // QPs using this CQ (destroy_cq refuses with EBUSY while > 0).
   uint32_t users() const { return users_.load(); }
 
@@ -151,7 +174,9 @@ class Cq : public std::enable_shared_from_this<Cq> {
   friend class Device;
   friend class CompChannel;
   friend class CqEventHold;
-  void maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire);
+  void maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* fire,
+                           uint64_t* deadline);
+  void fire_locked(std::shared_ptr<Cq>* fire);
   Device* dev_;
   uint32_t handle_;
   int comp_vector_;
@@ -160,6 +185,9 @@ class Cq : public std::enable_shared_from_this<Cq> {
   std::vector<Cqe> ring_;
   uint32_t head_ = 0, count_ = 0, cqe_ = 0;
   enum class Arm : uint8_t { kNone, kNext, kSolicited } arm_ = Arm::kNone;
+  uint16_t mod_count_ = 0, mod_period_us_ = 0;
+  uint32_t mod_pending_ = 0;     // matching completions since the arm, event held back
+  uint64_t mod_deadline_ns_ = 0;  // end of the running period (0: none)
   std::atomic<bool> error_{false};
   std::atomic<uint32_t> events_delivered_{0}, events_acked_{0};
   std::atomic<uint32_t> users_{0};

@@ -3,6 +3,8 @@
 // TransportHooks*; with none (unit tests) WQEs simply stay queued.
 #pragma once
 
+#include <cstdint>
+
 #include "emu/objects/types.h"
 
 namespace rnic::emu {
@@ -32,6 +34,15 @@ class TransportHooks {
   // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
   // responder/completer), then return; poll looks again once. No emu lock held.
   virtual void on_poll_empty(Cq& cq) = 0;
+  // cq's event moderation started a period that ends at deadline_ns (CLOCK_MONOTONIC): call
+  // cq.moderation_tick(now) once it has passed. Called from Cq::push with no Cq lock held
+  // (QP locks may be). Without an implementation the period cannot be timed and Cq raises
+  // the event at once instead (see Cq::set_moderation).
+  virtual bool on_cq_deadline(Cq& cq, uint64_t deadline_ns) {
+    (void)cq;
+    (void)deadline_ns;
+    return false;
+  }
 };
 
 }  // namespace rnic::emu

@@ -237,6 +237,11 @@ void Qp::commit_modify(const QpAttr& a, uint32_t mask, QpState next, const Av& a
   if (next == QpState::kReset) {
     reset_locked();
     if (TransportHooks* h = dev_->hooks()) h->on_modify(*this, from, next);
+    // Unpolled completions of this QP go too (after the transports stopped producing).
+    if (from != QpState::kReset) {
+      if (send_cq_) send_cq_->remove_qp(qpn());
+      if (recv_cq_ && recv_cq_ != send_cq_) recv_cq_->remove_qp(qpn());
+    }
     return;
   }
   if (mask & kQpPort) attr_.port_num = a.port_num;

@@ -449,7 +449,36 @@ void Engine::run_timers(uint64_t now_ns) {
     if (c.rnr_deadline_ns != 0) next = std::min(next, c.rnr_deadline_ns);
   }
   scan_.clear();
+  // CQ moderation periods (no QP lock held: Cq::moderation_tick takes the CQ's and the
+  // channel's locks only).
+  std::vector<std::shared_ptr<Cq>> cqs;
+  {
+    std::lock_guard lk(cqs_mu_);
+    for (auto& w : mod_cqs_)
+      if (auto sp = w.lock()) cqs.push_back(std::move(sp));
+    mod_cqs_.clear();
+  }
+  for (auto& cq : cqs) {
+    uint64_t d = cq->moderation_tick(now_ns);
+    if (d == 0) continue;
+    next = std::min(next, d);
+    std::lock_guard lk(cqs_mu_);
+    mod_cqs_.push_back(cq);
+  }
   if (next != ~uint64_t{0}) arm_timer(next);
+}
+
+bool Engine::on_cq_deadline(Cq& cq, uint64_t deadline_ns) {
+  // No progress thread (tests driving by hand): nothing would tick it.
+  if (!cfg_.progress_thread || stopping_.load(std::memory_order_acquire)) return false;
+  {
+    std::lock_guard lk(cqs_mu_);
+    bool known = false;
+    for (auto& w : mod_cqs_) known = known || w.lock().get() == &cq;
+    if (!known) mod_cqs_.push_back(cq.weak_from_this());
+  }
+  arm_timer(deadline_ns);
+  return true;
 }
 
 uint64_t Engine::next_deadline_ns() {

@@ -205,6 +205,8 @@ class Engine final : public TransportHooks {
   void on_modify(Qp& qp, QpState from, QpState to) override;
   void on_destroy(Qp& qp) override;
   void on_poll_empty(Cq& cq) override;
+  // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
+  bool on_cq_deadline(Cq& cq, uint64_t deadline_ns) override;
 
   // ---- used by req/comp/resp/recv (same library) ----
   // Ask for a timer wake-up at deadline_ns (no-op if an earlier one is armed).
@@ -294,6 +296,9 @@ class Engine final : public TransportHooks {
   std::mutex qps_mu_;
   std::vector<std::weak_ptr<Qp>> qps_;
   std::vector<std::shared_ptr<Qp>> scan_;  // progress-thread scratch (capacity kept)
+  // CQs with a moderation period running (weak: the device owns CQs); leaf lock.
+  std::mutex cqs_mu_;
+  std::vector<std::weak_ptr<Cq>> mod_cqs_;
 
   std::thread thread_;
   std::atomic<bool> stopping_{false};

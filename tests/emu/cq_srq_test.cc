@@ -166,6 +166,89 @@ TEST(CompChannel, FdPollsReadableOnlyAfterArmedCompletion) {
   EXPECT_TRUE(dev->destroy_comp_channel(ch).is_ok());
 }
 
+// ibv_modify_cq moderation: events held back until the count, or the period's end.
+TEST(CqModeration, CountHoldsTheEventUntilTheNthCompletion) {
+  auto dev = open_device();
+  auto ch = *dev->create_comp_channel();
+  auto cq = *dev->create_cq(16, ch, 0);
+  ASSERT_TRUE(cq->set_moderation(3, 0).is_ok());
+  EXPECT_EQ(cq->moderation_count(), 3u);
+  ASSERT_TRUE(cq->req_notify(false).is_ok());
+  ASSERT_TRUE(cq->push(make_cqe(1)));
+  ASSERT_TRUE(cq->push(make_cqe(2)));
+  EXPECT_FALSE(readable(ch->fd()));  // two of three: no event yet
+  Cqe out[4];
+  EXPECT_EQ(cq->poll(out, 4), 2);  // polling is never held back
+  ASSERT_TRUE(cq->push(make_cqe(3)));
+  EXPECT_TRUE(readable(ch->fd()));
+  EXPECT_EQ(ch->pending(), 1u);
+  ASSERT_TRUE(ch->get_event().has_value());
+  cq->ack_events(1);
+  // Count 1 (or 0 with period 0): an event at the first completion, as without moderation.
+  ASSERT_TRUE(cq->set_moderation(1, 0).is_ok());
+  ASSERT_TRUE(cq->req_notify(false).is_ok());
+  ASSERT_TRUE(cq->push(make_cqe(4)));
+  EXPECT_TRUE(readable(ch->fd()));
+  ASSERT_TRUE(ch->get_event().has_value());
+  cq->ack_events(1);
+  EXPECT_EQ(cq->set_moderation(2, kMaxCqPeriodUs + 1), Errc::kInval);
+  EXPECT_EQ(cq->moderation_count(), 1u);  // refused: unchanged
+  ASSERT_TRUE(dev->destroy_cq(cq).is_ok());
+}
+
+struct TimerHooks : TransportHooks {
+  Cq* cq = nullptr;
+  uint64_t deadline = 0;
+  void on_post_send(Qp&) override {}
+  void on_post_recv(Qp&) override {}
+  void on_modify(Qp&, QpState, QpState) override {}
+  void on_destroy(Qp&) override {}
+  void on_poll_empty(Cq&) override {}
+  bool on_cq_deadline(Cq& c, uint64_t d) override {
+    cq = &c;
+    deadline = d;
+    return true;
+  }
+};
+
+TEST(CqModeration, PeriodRaisesTheEventWhenItsTimerRunsOut) {
+  auto dev = open_device();
+  auto ch = *dev->create_comp_channel();
+  auto cq = *dev->create_cq(16, ch, 0);
+  ASSERT_TRUE(cq->set_moderation(100, 50).is_ok());  // 100 completions or 50 µs
+  // Without an engine the period cannot be timed: the event comes at once.
+  ASSERT_TRUE(cq->req_notify(false).is_ok());
+  ASSERT_TRUE(cq->push(make_cqe(1)));
+  EXPECT_TRUE(readable(ch->fd()));
+  ASSERT_TRUE(ch->get_event().has_value());
+  cq->ack_events(1);
+  Cqe out[4];
+  ASSERT_EQ(cq->poll(out, 4), 1);
+  // With one: the first completion starts the period and asks for a timer at its end.
+  TimerHooks h;
+  dev->set_hooks(&h);
+  ASSERT_TRUE(cq->req_notify(false).is_ok());
+  ASSERT_TRUE(cq->push(make_cqe(2)));
+  ASSERT_EQ(h.cq, cq.get());
+  ASSERT_EQ(cq->poll(out, 4), 1);
+  EXPECT_EQ(h.deadline, out[0].timestamp_ns + 50000);
+  h.deadline = 0;
+  ASSERT_TRUE(cq->push(make_cqe(3)));  // the running period is not restarted
+  EXPECT_EQ(h.deadline, 0u);
+  EXPECT_FALSE(readable(ch->fd()));
+  EXPECT_EQ(cq->moderation_tick(out[0].timestamp_ns + 49999), out[0].timestamp_ns + 50000);
+  EXPECT_FALSE(readable(ch->fd()));  // early tick: still held
+  EXPECT_EQ(cq->moderation_tick(out[0].timestamp_ns + 50000), 0u);
+  EXPECT_TRUE(readable(ch->fd()));
+  EXPECT_EQ(ch->pending(), 1u);
+  ASSERT_TRUE(ch->get_event().has_value());
+  cq->ack_events(1);
+  EXPECT_EQ(cq->moderation_tick(out[0].timestamp_ns + 90000), 0u);  // nothing left to time
+  EXPECT_EQ(ch->pending(), 0u);
+  dev->set_hooks(nullptr);
+  ASSERT_TRUE(dev->destroy_cq(cq).is_ok());
+}
+
 TEST(CompChannel, BlockingGetEventWakesOnCompletion) {
   auto dev = open_device();
   auto ch = *dev->create_comp_channel();

@@ -279,6 +279,65 @@ TEST(Flush, ModifyToErrFlushesSqAndRqWithWrFlushErr) {
   EXPECT_TRUE(qp->sq().empty());
 }
 
+TEST(Flush, ResetDropsTheQpsUnpolledCompletionsOnly) {
+  // Given: two QPs on one CQ, both flushed to ERR with completions left unpolled.
+  Env env;
+  auto qp = env.qp(QpType::kRc, 8);
+  auto other = env.qp(QpType::kRc, 8);
+  Sge z{0, 0, 0};
+  int bad;
+  for (auto& q : {qp, other}) {
+    drive_to(*env.dev, q, QpState::kRts);
+    for (int i = 0; i < 2; ++i) {
+      RecvWr r{uint64_t(q->qpn() * 10 + i), &z, 1};
+      ASSERT_TRUE(q->post_recv(&r, 1, &bad).is_ok());
+    }
+  }
+  ASSERT_TRUE(env.dev->modify_qp(qp, testing::full_attr(QpState::kErr, QpState::kRts), kQpState).is_ok());
+  ASSERT_TRUE(env.dev->modify_qp(other, testing::full_attr(QpState::kErr, QpState::kRts), kQpState).is_ok());
+  ASSERT_EQ(env.cq->count(), 4u);
+  // Expect: RESET of one QP takes its two flush completions off the CQ (as libmlx5 does),
+  // the other QP's stay, in order; a second RESET finds nothing more to take.
+  ASSERT_TRUE(env.dev->modify_qp(qp, testing::full_attr(QpState::kReset, QpState::kErr), kQpState).is_ok());
+  auto got = env.drain();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].qp_num, other->qpn());
+  EXPECT_EQ(got[0].wr_id, uint64_t(other->qpn() * 10));
+  EXPECT_EQ(got[1].wr_id, uint64_t(other->qpn() * 10 + 1));
+  // A QP reset and used again completes normally: its new flushes are the only ones.
+  drive_to(*env.dev, qp, QpState::kRts);
+  RecvWr r{7, &z, 1};
+  ASSERT_TRUE(qp->post_recv(&r, 1, &bad).is_ok());
+  ASSERT_TRUE(env.dev->modify_qp(qp, testing::full_attr(QpState::kErr, QpState::kRts), kQpState).is_ok());
+  got = env.drain();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 7u);
+}
+
+TEST(Cq, RemoveQpKeepsOrderAcrossTheRingWrap) {
+  Env env;
+  auto cq = *env.dev->create_cq(4, nullptr, 0);
+  Cqe e, out[4];
+  // Advance the head so the live entries wrap around the end of the ring.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cq->push(e));
+  ASSERT_EQ(cq->poll(out, 3), 3);
+  const uint32_t qpns[] = {1, 2, 1, 3};
+  for (int i = 0; i < 4; ++i) {
+    e.qp_num = qpns[i];
+    e.wr_id = uint64_t(i);
+    ASSERT_TRUE(cq->push(e));
+  }
+  EXPECT_EQ(cq->remove_qp(1), 2u);
+  EXPECT_EQ(cq->remove_qp(9), 0u);
+  ASSERT_EQ(cq->poll(out, 4), 2);
+  EXPECT_EQ(out[0].wr_id, 1u);
+  EXPECT_EQ(out[1].wr_id, 3u);
+  // Room again for a full ring after the removal.
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(cq->push(e));
+  EXPECT_EQ(cq->count(), 4u);
+  ASSERT_TRUE(env.dev->destroy_cq(cq).is_ok());
+}
+
 TEST(Flush, TransportErrorCompletesHeadThenFlushesRest) {
   // The completer's path: head WQE fails (REM_ACCESS_ERR), QP to ERR, the rest flushed.
   Env env;

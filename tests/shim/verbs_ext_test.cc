@@ -1,0 +1,404 @@
+// Verbs beyond the RC core through the shim, end to end on loopback (issue 14): ibv_rereg_mr
+// with a new address or a new PD followed by traffic, the reset that recovers from it (its
+// stale completions leave the CQ), and the errno each verb gives for bad input.
+// Two RC QPs of one context connected to each other, each with its own CQ (as rdma-core's
+// tests/test_mr.py does).
+#include <gtest/gtest.h>
+
+#include "rc_connect.h"
+#include <infiniband/verbs.h>
+
+#include <poll.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+namespace {
+
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+constexpr uint32_t kLen = 1024;
+
+class VerbsExtTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ibv_device** list = ibv_get_device_list(nullptr);
+    ASSERT_NE(list, nullptr);
+    ASSERT_NE(list[0], nullptr);
+    ctx_ = ibv_open_device(list[0]);
+    ibv_free_device_list(list);
+    ASSERT_NE(ctx_, nullptr);
+    pd_ = ibv_alloc_pd(ctx_);
+    ASSERT_NE(pd_, nullptr);
+    ASSERT_EQ(ibv_query_gid(ctx_, 1, 0, &gid_), 0);
+    ch_ = ibv_create_comp_channel(ctx_);  // the receiver's CQ (1) reports to it
+    ASSERT_NE(ch_, nullptr);
+    for (int i = 0; i < 2; ++i) {
+      ibv_cq_init_attr_ex cx{};
+      cx.cqe = 64;
+      cx.channel = i == 1 ? ch_ : nullptr;
+      cx.wc_flags = static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS) |
+                    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+      cqx_[i] = ibv_create_cq_ex(ctx_, &cx);
+      ASSERT_NE(cqx_[i], nullptr) << strerror(errno);
+      cq_[i] = ibv_cq_ex_to_cq(cqx_[i]);
+      buf_[i].assign(kLen, 0);
+      mr_[i] = ibv_reg_mr(pd_, buf_[i].data(), kLen, kAccess);
+      ASSERT_NE(mr_[i], nullptr);
+      ibv_qp_init_attr qa{};
+      qa.qp_type = IBV_QPT_RC;
+      qa.send_cq = cq_[i];
+      qa.recv_cq = cq_[i];
+      qa.cap.max_send_wr = 16;
+      qa.cap.max_recv_wr = 16;
+      qa.cap.max_send_sge = 1;
+      qa.cap.max_recv_sge = 1;
+      qp_[i] = ibv_create_qp(pd_, &qa);
+      ASSERT_NE(qp_[i], nullptr) << strerror(errno);
+    }
+    connect_both();
+  }
+  void TearDown() override {
+    for (int i = 0; i < 2; ++i) {
+      if (qp_[i]) {
+        EXPECT_EQ(ibv_destroy_qp(qp_[i]), 0);
+      }
+      if (mr_[i]) {
+        EXPECT_EQ(ibv_dereg_mr(mr_[i]), 0);
+      }
+      if (cq_[i]) {
+        EXPECT_EQ(ibv_destroy_cq(cq_[i]), 0);
+      }
+    }
+    if (ch_) {
+      EXPECT_EQ(ibv_destroy_comp_channel(ch_), 0);
+    }
+    if (pd_) {
+      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
+    }
+    if (ctx_) {
+      EXPECT_EQ(ibv_close_device(ctx_), 0);
+    }
+  }
+  void connect_both() {
+    for (int i = 0; i < 2; ++i)
+      ASSERT_EQ(rc_connect(qp_[i], qp_[1 - i]->qp_num, gid_, kAccess, 4), 0);
+  }
+  // Both QPs RESET and back to RTS (test_mr.py's restate_qps).
+  void restate() {
+    for (int i = 0; i < 2; ++i) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_RESET;
+      ASSERT_EQ(ibv_modify_qp(qp_[i], &a, IBV_QP_STATE), 0);
+    }
+    connect_both();
+  }
+  ibv_wc poll(int i) {
+    ibv_wc wc{};
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      int n = ibv_poll_cq(cq_[i], 1, &wc);
+      if (n == 1) return wc;
+      EXPECT_EQ(n, 0);
+      if (n < 0 || std::chrono::steady_clock::now() > end) {
+        ADD_FAILURE() << "no completion on cq " << i;
+        wc.status = IBV_WC_GENERAL_ERR;
+        return wc;
+      }
+    }
+  }
+  bool cq_empty(int i) {
+    ibv_wc wc;
+    return ibv_poll_cq(cq_[i], 1, &wc) == 0;
+  }
+  void post_recv(int i, void* addr, uint32_t lkey, uint64_t wr_id) {
+    ibv_sge s{reinterpret_cast<uintptr_t>(addr), kLen, lkey};
+    ibv_recv_wr r{};
+    r.wr_id = wr_id;
+    r.sg_list = &s;
+    r.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_recv(qp_[i], &r, &bad), 0);
+  }
+  void post_send(int i, uint64_t wr_id) {
+    ibv_sge s{reinterpret_cast<uintptr_t>(buf_[i].data()), kLen, mr_[i]->lkey};
+    ibv_send_wr w{};
+    w.wr_id = wr_id;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(qp_[i], &w, &bad), 0);
+  }
+  // One SEND 0 -> 1 into `dst` (registered as mr_[1]); both completions successful.
+  void send_ok(void* dst, uint8_t pattern) {
+    post_recv(1, dst, mr_[1]->lkey, 20);
+    std::memset(buf_[0].data(), pattern, kLen);
+    post_send(0, 10);
+    ibv_wc s = poll(0);
+    EXPECT_EQ(s.status, IBV_WC_SUCCESS) << ibv_wc_status_str(s.status);
+    EXPECT_EQ(s.wr_id, 10u);
+    ibv_wc r = poll(1);
+    EXPECT_EQ(r.status, IBV_WC_SUCCESS) << ibv_wc_status_str(r.status);
+    EXPECT_EQ(r.wr_id, 20u);
+    EXPECT_EQ(r.byte_len, kLen);
+    EXPECT_EQ(std::memcmp(dst, buf_[0].data(), kLen), 0);
+  }
+  // A SEND 0 -> 1 that finds the receive WQE's lkey unusable: the responder completes it
+  // with LOC_PROT_ERR and NAKs (Remote Operational Error), the requester sees REM_OP_ERR.
+  void send_fails_remote_op() {
+    std::memset(buf_[0].data(), 0x5A, kLen);
+    post_send(0, 11);
+    ibv_wc s = poll(0);
+    EXPECT_EQ(s.status, IBV_WC_REM_OP_ERR) << ibv_wc_status_str(s.status);
+    ibv_wc r = poll(1);
+    EXPECT_EQ(r.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(r.status);
+  }
+
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_gid gid_{};
+  ibv_comp_channel* ch_ = nullptr;
+  ibv_cq_ex* cqx_[2] = {};
+  ibv_cq* cq_[2] = {};
+  ibv_mr* mr_[2] = {};
+  ibv_qp* qp_[2] = {};
+  std::vector<uint8_t> buf_[2];
+};
+
+// ------------------------------------------------------------------ ibv_rereg_mr
+
+TEST_F(VerbsExtTest, ReregNewAddressThenTrafficAfterReset) {
+  // Given: a receive posted with the MR's old translation, then the MR moved to a new buffer.
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 21);
+  const uint32_t old_lkey = mr_[1]->lkey;
+  void* fresh = nullptr;
+  ASSERT_EQ(posix_memalign(&fresh, 4096, kLen), 0);
+  std::memset(fresh, 0, kLen);
+  ASSERT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, fresh, kLen, 0), 0);
+  EXPECT_EQ(mr_[1]->addr, fresh);
+  EXPECT_EQ(mr_[1]->length, kLen);
+  EXPECT_NE(mr_[1]->lkey, old_lkey);  // new key: the old one must not match any more
+  // Expect: the send fails on the stale receive, both QPs end in ERR.
+  send_fails_remote_op();
+  // Expect: after RESET -> RTS the CQs hold nothing of the failed round (the flushed
+  // receive of QP 0 was taken off with the reset), and traffic lands in the new buffer.
+  restate();
+  EXPECT_TRUE(cq_empty(0));
+  EXPECT_TRUE(cq_empty(1));
+  send_ok(fresh, 0xC3);
+  ASSERT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, buf_[1].data(),
+                         kLen, 0), 0);
+  free(fresh);
+}
+
+TEST_F(VerbsExtTest, ReregNewPdThenBackToTheQpsPd) {
+  send_ok(buf_[1].data(), 0x11);
+  ibv_pd* other = ibv_alloc_pd(ctx_);
+  ASSERT_NE(other, nullptr);
+  // Given: the receiver's MR moved to a PD its QP is not on.
+  ASSERT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0), 0);
+  EXPECT_EQ(mr_[1]->pd, other);
+  // Expect: a receive through it fails the PD check (IBA 10.6.3.2: MR and QP PDs differ).
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 22);
+  send_fails_remote_op();
+  EXPECT_EQ(ibv_dealloc_pd(other), EBUSY);  // the MR uses it now
+  // Expect: back on the QP's PD, after a reset, traffic works again.
+  restate();
+  ASSERT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_PD, pd_, nullptr, 0, 0), 0);
+  send_ok(buf_[1].data(), 0x22);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}
+
+TEST_F(VerbsExtTest, ReregBadInputErrnos) {
+  // rdma-core's ibv_rereg_mr: IBV_REREG_MR_ERR_INPUT with errno EINVAL for each of these.
+  void* p = buf_[1].data();
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr_[1], 0x8, nullptr, nullptr, 0, 0), IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, p, 0, 0),
+            IBV_REREG_MR_ERR_INPUT);  // length 0
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_ACCESS, nullptr, p, kLen, kAccess),
+            IBV_REREG_MR_ERR_INPUT);  // an address without CHANGE_TRANSLATION
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr_[1], IBV_REREG_MR_CHANGE_PD, nullptr, nullptr, 0, 0),
+            IBV_REREG_MR_ERR_INPUT);  // no PD
+  EXPECT_EQ(errno, EINVAL);
+  // The MR is untouched by the refused calls.
+  EXPECT_EQ(mr_[1]->addr, p);
+  send_ok(p, 0x33);
+}
+
+// ------------------------------------------------------------------ timestamps
+
+uint64_t rt_now(ibv_context* ctx) {
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx, &v), 0);
+  EXPECT_EQ(v.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+  EXPECT_EQ(v.raw_clock.tv_sec, 0);  // the whole count in tv_nsec, as libmlx5 reports it
+  return static_cast<uint64_t>(v.raw_clock.tv_nsec);
+}
+
+uint64_t real_ns() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+TEST_F(VerbsExtTest, CompletionTimestampsOnTheDeviceClockAndWallclock) {
+  // The device clock: 1 GHz (hca_core_clock in kHz), 64 bits of timestamp.
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.hca_core_clock, 1000000u);
+  EXPECT_EQ(ax.completion_timestamp_mask, ~0ull);
+  // Given: the device clock and the wall clock read before and after one SEND.
+  const uint64_t t0 = rt_now(ctx_), w0 = real_ns();
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 30);
+  post_send(0, 31);
+  uint64_t ts[2], wall[2];
+  for (int i = 0; i < 2; ++i) {
+    ibv_poll_cq_attr pa{};
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int rc;
+    while ((rc = ibv_start_poll(cqx_[i], &pa)) == ENOENT)
+      ASSERT_LT(std::chrono::steady_clock::now(), end) << "no completion";
+    ASSERT_EQ(rc, 0);
+    EXPECT_EQ(cqx_[i]->status, IBV_WC_SUCCESS);
+    ts[i] = ibv_wc_read_completion_ts(cqx_[i]);
+    wall[i] = ibv_wc_read_completion_wallclock_ns(cqx_[i]);
+    ibv_end_poll(cqx_[i]);
+  }
+  const uint64_t t1 = rt_now(ctx_), w1 = real_ns();
+  // Expect: both completions stamped inside the window on the device clock, and in
+  // nanoseconds of wall time inside the wall-clock window (1 ms slack: the wall time is the
+  // device time plus the REALTIME - MONOTONIC offset read when the completion is read).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(ts[i], t0);
+    EXPECT_LE(ts[i], t1);
+    EXPECT_GE(wall[i] + 1000000, w0);
+    EXPECT_LE(wall[i], w1 + 1000000);
+  }
+  EXPECT_LE(ts[1], ts[0] + 1000000000ull);  // one round trip on loopback: well under 1 s
+}
+
+TEST_F(VerbsExtTest, RtValuesAndTimestampCqBadInput) {
+  // Unknown comp_mask bits are ignored (libmlx5) and cleared from the answer.
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK | (1u << 7);
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_EQ(v.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+  v = {};
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_EQ(v.comp_mask, 0u);  // nothing asked, nothing filled
+  errno = 0;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, nullptr), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  // A wc_flags bit the device cannot fill: NULL, errno EOPNOTSUPP (as libmlx5).
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 4;
+  cx.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_FLOW_TAG;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+// ------------------------------------------------------------------ ibv_modify_cq
+
+// Waits up to ms for a CQ event on the channel; true and acked if one came.
+bool got_event(ibv_comp_channel* ch, int ms) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  if (ibv_get_cq_event(ch, &cq, &cq_ctx) != 0) return false;
+  ibv_ack_cq_events(cq, 1);
+  return true;
+}
+
+uint64_t mono_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+TEST_F(VerbsExtTest, ModifyCqCountHoldsTheEventUntilTheNthCompletion) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.cq_mod_caps.max_cq_count, 0xffffu);
+  EXPECT_EQ(ax.cq_mod_caps.max_cq_period, 4095u);
+  ibv_modify_cq_attr m{};
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 3;
+  m.moderate.cq_period = 0;
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  // Given: two receive completions of three; both pollable at once, no event.
+  for (int k = 0; k < 2; ++k) send_ok(buf_[1].data(), uint8_t(0x40 + k));
+  EXPECT_FALSE(got_event(ch_, 50));
+  // Expect: the third raises it.
+  send_ok(buf_[1].data(), 0x43);
+  EXPECT_TRUE(got_event(ch_, 5000));
+}
+
+TEST_F(VerbsExtTest, ModifyCqPeriodRaisesTheEventAfterThePeriod) {
+  ibv_modify_cq_attr m{};
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 1000;
+  m.moderate.cq_period = 4000;  // µs
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  // One completion of a thousand: the event comes from the period's timer, never before
+  // the period has passed since the completion (a lower bound: load can only delay it).
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 40);
+  post_send(0, 41);
+  EXPECT_EQ(poll(0).status, IBV_WC_SUCCESS);
+  ibv_poll_cq_attr pa{};
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int rc;
+  while ((rc = ibv_start_poll(cqx_[1], &pa)) == ENOENT)
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "no completion";
+  ASSERT_EQ(rc, 0);
+  const uint64_t done = ibv_wc_read_completion_ts(cqx_[1]);
+  ibv_end_poll(cqx_[1]);
+  ASSERT_TRUE(got_event(ch_, 5000));
+  EXPECT_GE(mono_ns(), done + 4000 * 1000ull);
+  // Back to no moderation (count 1, period 0): an event per arm at the first completion.
+  m.moderate.cq_count = 1;
+  m.moderate.cq_period = 0;
+  ASSERT_EQ(ibv_modify_cq(cq_[1], &m), 0);
+  ASSERT_EQ(ibv_req_notify_cq(cq_[1], 0), 0);
+  send_ok(buf_[1].data(), 0x44);
+  EXPECT_TRUE(got_event(ch_, 5000));
+}
+
+TEST_F(VerbsExtTest, ModifyCqBadInput) {
+  ibv_modify_cq_attr m{};
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);  // empty mask (the kernel's EINVAL)
+  EXPECT_EQ(errno, EINVAL);
+  m.attr_mask = IBV_CQ_ATTR_MODERATE | IBV_CQ_ATTR_RESERVED;  // rdma-core: EINVAL
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  m.attr_mask = IBV_CQ_ATTR_MODERATE;
+  m.moderate.cq_count = 8;
+  m.moderate.cq_period = 4096;  // above max_cq_period (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  m.moderate.cq_period = 4095;
+  EXPECT_EQ(ibv_modify_cq(cq_[0], &m), 0);
+}
+
+}  // namespace
