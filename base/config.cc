@@ -51,6 +51,13 @@ const VarDecl kVars[] = {
              "direct: the device reads and writes the application's addresses",
      .reader = "shim", .choices = "shadow,direct",
      .store = [](Config* c, const VarValue& v) { c->pin = static_cast<PinMode>(v.u); }},
+    {.name = "SOFTRNIC_SPIN_US", .type = VarType::kU32, .default_text = "`20`",
+     .values = "0..10000 (us)",
+     .help = "how long the progress thread keeps polling its socket after the last packet "
+             "before it sleeps in epoll (0: always sleep; spinning costs CPU the application "
+             "may need when cores are few)",
+     .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
+     .store = [](Config* c, const VarValue& v) { c->spin_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

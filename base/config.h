@@ -51,6 +51,9 @@ enum class GsoMode : uint8_t { kAuto = 0, kOn, kOff };
 // SOFTRNIC_PIN: how registered pages are held (emu/objects/pin.h; the shim maps it).
 enum class PinMode : uint8_t { kShadow = 0, kDirect };
 
+// SOFTRNIC_SPIN_US default: the progress thread's busy-poll budget after traffic.
+inline constexpr uint32_t kDefaultSpinUs = 20;
+
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
   std::string name = "softrnic0";            // SOFTRNIC_NAME (shim)
@@ -58,6 +61,7 @@ struct Config {
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
   PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
+  uint32_t spin_us = kDefaultSpinUs;         // SOFTRNIC_SPIN_US (shim -> EngineConfig::spin_ns)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

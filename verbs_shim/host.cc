@@ -156,6 +156,7 @@ int start_device(Host* h) {
   // starts its progress thread; the device owns it from here on.
   emu::EngineConfig ec;
   ec.gso = gso_for(h->cfg_.gso, h->ip_);
+  ec.spin_ns = h->cfg_.spin_us * 1000u;
   RNIC_LOG(kInfo, "device %s on %s: UDP GSO %s", dc.name.c_str(), dc.ip.c_str(),
            ec.gso ? "on" : "off (one datagram per packet)");
   auto e = emu::Engine::start(dev, ec);

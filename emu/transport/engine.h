@@ -24,6 +24,8 @@
 //    out of the progress thread's epoll set and arms a timerfd, so a busy-polling app is not
 //    interrupted by a progress-thread wake per packet. When no poll happened for
 //    busy_poll_ns the progress thread watches the socket again and drains it.
+//  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
+//    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin).
 //  * timers: per-QP deadlines in CompState; the engine keeps one timerfd armed at the
 //    earliest one and the progress thread scans the registered QPs when it fires.
 // Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
@@ -71,6 +73,12 @@ struct EngineConfig {
   // at 20'000 ib_send_lat improves (typical 15 us vs 26-30) but conf_srq_pingpong_chk_4k
   // hung 2 times in 11 runs (server side), not yet explained.
   uint32_t busy_poll_ns = 0;
+  // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
+  // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
+  // spin_ns passed without a datagram, then sleeps in epoll again. It saves the epoll
+  // wake-up (several us, more when the core runs a spinning application) on every packet
+  // of a ping-pong. 0 = always sleep (the shim sets SOFTRNIC_SPIN_US, default 20 us).
+  uint32_t spin_ns = 0;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -256,6 +264,7 @@ class Engine final : public TransportHooks {
   void unregister_qp(Qp& qp);
   void watch_rx(bool on);
   void arm_defer(uint64_t deadline_ns);
+  void spin_rx();
 
   Device* dev_;  // the device owns the engine (Device::set_engine) and outlives it
   std::unique_ptr<wire::Port> port_;

@@ -76,6 +76,7 @@ TEST(Config, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.name, "softrnic0");
   EXPECT_FALSE(c.ip.has_value());
   EXPECT_EQ(c.mtu, 0u);
+  EXPECT_EQ(c.spin_us, rnic::base::kDefaultSpinUs);
   EXPECT_EQ(c.log, LogLevel::kError);
   EXPECT_EQ(c.log_file, "");
   EXPECT_EQ(c.pcap, "");
@@ -160,8 +161,10 @@ TEST(Config, ValuesLandInTheirFields) {
           {"SOFTRNIC_LOG_FILE", "/tmp/l"},   {"SOFTRNIC_PCAP", "/tmp/x.%p.pcap"},
           {"SOFTRNIC_FAULTS", "dir=tx => drop"}, {"SOFTRNIC_FAULT_SEED", "7"},
           {"SOFTRNIC_SECURE_KEYS", "1"},     {"SOFTRNIC_CONTROL", "off"},
-          {"SOFTRNIC_RUNTIME_DIR", "/tmp/rt"}, {"SYSFS_PATH", "/tmp/sys"}};
+          {"SOFTRNIC_RUNTIME_DIR", "/tmp/rt"}, {"SYSFS_PATH", "/tmp/sys"},
+          {"SOFTRNIC_SPIN_US", "0"}};
   ASSERT_EQ(parse(env, &c), "");
+  EXPECT_EQ(c.spin_us, 0u);
   EXPECT_EQ(c.name, "mydev");
   ASSERT_TRUE(c.ip.has_value());
   EXPECT_EQ(*c.ip, "127.0.0.77");
@@ -185,6 +188,19 @@ TEST(Config, MtuMustBeAPowerOfTwoInRange) {
   for (const char* no : {"1000", "128", "8192", "0x400", "+1024", " 1024", "1024k", ""}) {
     Config c;
     EXPECT_NE(parse({{"SOFTRNIC_MTU", no}}, &c).find("SOFTRNIC_MTU"), std::string::npos) << no;
+  }
+}
+
+TEST(Config, SpinIsMicrosecondsUpToTenMilliseconds) {
+  for (const char* ok : {"0", "1", "200", "10000"}) {
+    Config c;
+    EXPECT_EQ(parse({{"SOFTRNIC_SPIN_US", ok}}, &c), "") << ok;
+    EXPECT_EQ(c.spin_us, std::stoul(ok));
+  }
+  for (const char* no : {"10001", "-1", "50us", ""}) {
+    Config c;
+    EXPECT_NE(parse({{"SOFTRNIC_SPIN_US", no}}, &c).find("SOFTRNIC_SPIN_US"), std::string::npos)
+        << no;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <atomic>
+#include <thread>
 #include <tuple>
 
 #include "emu/objects/mw.h"
@@ -306,6 +307,72 @@ TEST(RateTest, LargeWritesMtu4096) {
               static_cast<unsigned long long>(p.a.eng->counters().get(Ctr::kCompleterRetryErr)));
 }
 
+// The progress thread's spin (EngineConfig::spin_ns, SOFTRNIC_SPIN_US): a WRITE ping-pong in
+// which each side waits on memory (as ib_write_lat), so every WRITE is received by the
+// peer's progress thread, spinning between packets. Every byte arrives, each side polls only
+// its send CQ; then, with the peer's engine stopped, the retransmit timer of a spinning
+// engine still fires (RETRY_EXC_ERR after retry_cnt retries).
+TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) {
+  Node a = Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"},
+                                   200'000);
+  Node b = Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"},
+                                   200'000);
+  ASSERT_TRUE(a.eng && b.eng);
+  EXPECT_EQ(a.eng->config().spin_ns, 200'000u);
+  auto qa = a.qp(QpType::kRc);
+  auto qb = b.qp(QpType::kRc);
+  ConnOpts o;
+  o.timeout = 8;  // ~1 ms
+  o.retry_cnt = 2;
+  connect_pair(a, qa, b, qb, o);
+  constexpr int kN = 300;
+  alignas(8) volatile uint32_t ina = 0, inb = 0;
+  uint32_t outa = 0, outb = 0;
+  auto ma = a.mr(const_cast<uint32_t*>(&ina), 4);
+  auto mb = b.mr(const_cast<uint32_t*>(&inb), 4);
+  auto moa = a.mr(&outa, 4);
+  auto mob = b.mr(&outb, 4);
+  auto write = [&](Node& n, std::shared_ptr<Qp>& q, uint32_t* src, const std::shared_ptr<Mr>& ms,
+                   volatile uint32_t* dst, const std::shared_ptr<Mr>& md) {
+    Wr w = send_wr(WrOpcode::kRdmaWrite, *src, {sge(src, 4, ms)});
+    w.rdma.remote_addr = reinterpret_cast<uint64_t>(dst);
+    w.rdma.rkey = md->rkey();
+    ASSERT_TRUE(post(q, w).is_ok());
+    auto c = poll_n(*n.scq, 1);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_EQ(c[0].status, WcStatus::kSuccess);
+  };
+  auto wait_for = [](volatile uint32_t* v, uint32_t want) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (*v != want && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+    return *v == want;
+  };
+  std::thread tb([&] {
+    for (uint32_t i = 1; i <= kN; ++i) {
+      if (!wait_for(&inb, i)) return;
+      outb = i;
+      write(b, qb, &outb, mob, &ina, ma);
+    }
+  });
+  for (uint32_t i = 1; i <= kN; ++i) {
+    outa = i;
+    write(a, qa, &outa, moa, &inb, mb);
+    ASSERT_TRUE(wait_for(&ina, i)) << "reply " << i << " never arrived";
+  }
+  tb.join();
+  EXPECT_EQ(ina, static_cast<uint32_t>(kN));
+  EXPECT_EQ(inb, static_cast<uint32_t>(kN));
+  // The peer goes away: a's retransmit timer must fire (from the spin or from epoll).
+  b.eng->stop();
+  outa = 0;
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 7, {sge(&outa, 4, moa)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&inb);
+  w.rdma.rkey = mb->rkey();
+  ASSERT_TRUE(post(qa, w).is_ok());
+  auto c = poll_n(*a.scq, 1, 20000);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
+}
 
 // A receiver whose port has a filter (capture / fault mode) gets GRO buffers split into
 // segments without their index: GSO runs from a filter-free sender must still pass ICRC.
