@@ -68,8 +68,6 @@ NOT_BUILT_YET = [
     ('ODP (IBV_ACCESS_ON_DEMAND, ibv_advise_mr)', r'^ODP is not supported - No ODP caps$', 14),
     ('parent domain (ibv_alloc_parent_domain)',
      r'^Parent Domain is not supported on this device$', 5),
-    ('ATOMIC_WRITE through ibv_qp_ex (ibv_wr_atomic_write)',
-     r'^Extended QP is not supported on this device$', 1),
     ('tag matching (IBV_WC_EX_WITH_TM_INFO CQs, TM SRQs)', r'^Extended CQ is not supported$', 4),
     ('shared PD: ibv_import_device / ibv_import_pd / ibv_import_mr',
      r'^Importing a device is not supported$', 1),
