@@ -162,7 +162,8 @@ fi
 tot() { cat "$work"/stats.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
 echo "counters (sampled): sent_pkts $(tot sent_pkts) retrans_pkts $(tot retrans_pkts)" \
      "icrc_id_zero $(tot icrc_id_zero) icrc_id_gro $(tot icrc_id_gro)" \
-     "icrc_id_solved $(tot icrc_id_solved) icrc_err $(tot icrc_err)"
+     "icrc_id_solved $(tot icrc_id_solved) icrc_err $(tot icrc_err)" \
+     "retrans_probes $(tot retrans_probes) naks_rcvd $(tot naks_rcvd) seq_err $(tot seq_err)"
 if [ -n "$expect_ctr" ]; then
   if [ "$(tot "$expect_ctr")" -gt 0 ]; then echo "ok   $expect_ctr > 0"
   else echo "FAIL $expect_ctr is 0"; fail=1; fi
