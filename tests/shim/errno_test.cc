@@ -53,6 +53,24 @@ class ErrnoTest : public ::testing::Test {
     ia.qp_type = type;
     return ibv_create_qp(pd_, &ia);
   }
+  ibv_srq* make_srq() {
+    ibv_srq_init_attr si{};
+    si.attr.max_wr = 4;
+    si.attr.max_sge = 1;
+    return ibv_create_srq(pd_, &si);
+  }
+  // RESET -> INIT -> ERR: a QP with an SRQ entering ERR reports LAST_WQE_REACHED
+  // (IBA 11.6.3.2), an async event naming it.
+  void to_err(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                        IBV_QP_ACCESS_FLAGS), 0);
+    a = {};
+    a.qp_state = IBV_QPS_ERR;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+  }
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
@@ -301,22 +319,11 @@ TEST_F(ErrnoTest, SharedReceiveQueue) {
 
 // Async events travel from the engine's device queue to the owning context's async_fd.
 TEST_F(ErrnoTest, AsyncEventReachesOwningContext) {
-  ibv_srq_init_attr si{};
-  si.attr.max_wr = 4;
-  si.attr.max_sge = 1;
-  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ibv_srq* srq = make_srq();
   ASSERT_NE(srq, nullptr);
   ibv_qp* qp = make_qp(IBV_QPT_RC, srq);
   ASSERT_NE(qp, nullptr);
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                      IBV_QP_ACCESS_FLAGS), 0);
-  a = {};
-  a.qp_state = IBV_QPS_ERR;
-  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
-  // A QP with an SRQ entering ERR reports LAST_WQE_REACHED (IBA 11.6.3.2).
+  ASSERT_NO_FATAL_FAILURE(to_err(qp));
   pollfd p{ctx_->async_fd, POLLIN, 0};
   ASSERT_EQ(poll(&p, 1, 5000), 1);
   ibv_async_event ev{};
@@ -333,24 +340,11 @@ TEST_F(ErrnoTest, AsyncEventReachesOwningContext) {
 // async thread still holds one and acks it into the ibv_qp: UCX does), and drops the events it
 // never read, as the kernel does: nothing names the freed QP afterwards.
 TEST_F(ErrnoTest, DestroyWaitsForAckAndDropsUnreadEvents) {
-  ibv_srq_init_attr si{};
-  si.attr.max_wr = 4;
-  si.attr.max_sge = 1;
-  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ibv_srq* srq = make_srq();
   ASSERT_NE(srq, nullptr);
-  auto to_err = [&](ibv_qp* qp) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                        IBV_QP_ACCESS_FLAGS), 0);
-    a = {};
-    a.qp_state = IBV_QPS_ERR;
-    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
-  };
   ibv_qp* held = make_qp(IBV_QPT_RC, srq);
   ASSERT_NE(held, nullptr);
-  to_err(held);
+  ASSERT_NO_FATAL_FAILURE(to_err(held));
   pollfd p{ctx_->async_fd, POLLIN, 0};
   ASSERT_EQ(poll(&p, 1, 5000), 1);
   ibv_async_event ev{};
@@ -371,7 +365,7 @@ TEST_F(ErrnoTest, DestroyWaitsForAckAndDropsUnreadEvents) {
   // rather than an event naming the freed QP.
   ibv_qp* unread = make_qp(IBV_QPT_RC, srq);
   ASSERT_NE(unread, nullptr);
-  to_err(unread);
+  ASSERT_NO_FATAL_FAILURE(to_err(unread));
   ASSERT_EQ(poll(&p, 1, 5000), 1);
   EXPECT_EQ(ibv_destroy_qp(unread), 0);
   ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, fcntl(ctx_->async_fd, F_GETFL) | O_NONBLOCK), 0);
