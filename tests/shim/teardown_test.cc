@@ -92,7 +92,8 @@ struct Side {
   }
   // Keeps QP i's send queue full of WRITEs into the peer's buffer i; returns the number of
   // successful completions polled, and in *err the first error status (IBV_WC_SUCCESS: none).
-  int pump(int i, const Info& peer, ibv_wc_status* err) {
+  // Posts WRITEs until kDepth are outstanding (or the QP refuses).
+  void fill(int i, const Info& peer, const ibv_wc_status* err) {
     while (outstanding[i] < kDepth && *err == IBV_WC_SUCCESS) {
       ibv_sge s{reinterpret_cast<uintptr_t>(src.data()), kMsg, msrc->lkey};
       ibv_send_wr w{};
@@ -106,6 +107,9 @@ struct Side {
       if (ibv_post_send(qp[i], &w, &bad) != 0) break;  // the QP went to ERR meanwhile
       ++outstanding[i];
     }
+  }
+  int pump(int i, const Info& peer, ibv_wc_status* err) {
+    fill(i, peer, err);
     ibv_wc wc[kDepth];
     int n = ibv_poll_cq(cq[i], kDepth, wc);
     int ok = 0;
@@ -266,7 +270,7 @@ TEST(Teardown, TeardownWhileTrafficFlows) {
   // then the QP the peer writes on (2) and everything else, and the device.
   ASSERT_EQ(ibv_dereg_mr(me.mdst[1]), 0);
   me.mdst[1] = nullptr;
-  me.pump(0, peer.info, &err);
+  me.fill(0, peer.info, &err);  // posted, never polled: destroy meets them unreaped
   EXPECT_GT(me.outstanding[0], 0);
   ASSERT_EQ(ibv_destroy_qp(me.qp[0]), 0);
   me.qp[0] = nullptr;
