@@ -754,6 +754,7 @@ Status Device::query_qp(const std::shared_ptr<Qp>& qp, QpAttr* attr, QpInitAttr*
 
 Status Device::destroy_qp(const std::shared_ptr<Qp>& qp) {
   if (!qp || qp->dev_ != this) return Errc::kInval;
+  if (TransportHooks* h = hooks()) h->on_before_destroy(*qp);
   {
     std::scoped_lock lk(qp->send_mu_, qp->recv_mu_);
     if (qp->destroyed_) return Errc::kInval;

@@ -28,6 +28,10 @@ class TransportHooks {
   // BOTH of qp's locks held (send, then receive), before emu flushes queues on ERR.
   // Must not call modify_qp. Also called for same-state modifies (RTS -> RTS).
   virtual void on_modify(Qp& qp, QpState from, QpState to) = 0;
+  // destroy_qp(qp) is about to take qp's locks. No emu lock held. The transport finishes
+  // what it owes the wire for packets already received (e.g. a coalesced ACK for a message
+  // the application has already polled, so that the peer's WQE completes as on hardware).
+  virtual void on_before_destroy(Qp& qp) { (void)qp; }
   // qp is being destroyed (already unreachable by QPN lookup). Both locks held. After
   // return the transports must hold no reference to qp's queues or timers.
   virtual void on_destroy(Qp& qp) = 0;

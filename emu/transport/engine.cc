@@ -687,6 +687,18 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
   if (to == QpState::kErr || to == QpState::kSqe) stop_requester(qp, to);
 }
 
+// A receive batch delivers CQEs before its coalesced ACKs go out (drain_locked). An
+// application that polls the last one and destroys its QP at once (every pingpong's exit)
+// must not take the ACK with it: the peer's final WQE would end in RETRY_EXC_ERR. Waiting
+// for rx_mu_ waits for that batch, and sends what is still owed.
+void Engine::on_before_destroy(Qp& qp) {
+  (void)qp;
+  std::lock_guard lk(rx_mu_);
+  if (!rx_tx_) return;
+  flush_acks_locked();
+  flush(*rx_tx_);
+}
+
 void Engine::on_destroy(Qp& qp) {
   qp.comp_.dead = true;
   qp.req_.ready = false;

@@ -211,6 +211,7 @@ class Engine final : public TransportHooks {
   void on_post_recv(Qp& qp) override;
   void on_post_srq_recv(Srq& srq) override;
   void on_modify(Qp& qp, QpState from, QpState to) override;
+  void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
   void on_poll_empty(Cq& cq) override;
   // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
