@@ -82,12 +82,12 @@ void fill_ops(Context* ctx) {
   v.ABI_placeholder2 = uns_abi_placeholder;
   v.ibv_create_flow = uns_create_flow;
   v.ABI_placeholder1 = uns_abi_placeholder;
-  v.open_qp = uns_open_qp;
+  v.open_qp = op_open_qp;
   v.create_qp_ex = op_create_qp_ex;
   v.get_srq_num = op_get_srq_num;
   v.create_srq_ex = op_create_srq_ex;
-  v.open_xrcd = uns_open_xrcd;
-  v.close_xrcd = uns_close_xrcd;  // non-NULL: ibv_close_xrcd calls it unchecked
+  v.open_xrcd = op_open_xrcd;
+  v.close_xrcd = op_close_xrcd;
   v._ABI_placeholder3 = 0;
 }
 

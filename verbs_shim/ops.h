@@ -26,6 +26,11 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_qp* op_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 
+// xrc.cc
+ibv_xrcd* op_open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
+int op_close_xrcd(ibv_xrcd* xrcd);
+ibv_qp* op_open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
+
 // srq.cc
 int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_srq* op_create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
@@ -65,8 +70,5 @@ int uns_modify_wq(ibv_wq*, ibv_wq_attr*);
 ibv_wq* uns_create_wq(ibv_context*, ibv_wq_init_attr*);
 int uns_destroy_flow(ibv_flow*);
 ibv_flow* uns_create_flow(ibv_qp*, ibv_flow_attr*);
-ibv_qp* uns_open_qp(ibv_context*, ibv_qp_open_attr*);
-ibv_xrcd* uns_open_xrcd(ibv_context*, ibv_xrcd_init_attr*);
-int uns_close_xrcd(ibv_xrcd*);
 
 }  // namespace rnic::shim

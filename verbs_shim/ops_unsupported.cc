@@ -53,9 +53,6 @@ int uns_modify_wq(ibv_wq*, ibv_wq_attr*) { return eopnotsupp(); }
 ibv_wq* uns_create_wq(ibv_context*, ibv_wq_init_attr*) { return enull<ibv_wq>(); }
 int uns_destroy_flow(ibv_flow*) { return eopnotsupp(); }
 ibv_flow* uns_create_flow(ibv_qp*, ibv_flow_attr*) { return enull<ibv_flow>(); }
-ibv_qp* uns_open_qp(ibv_context*, ibv_qp_open_attr*) { return enull<ibv_qp>(); }
-ibv_xrcd* uns_open_xrcd(ibv_context*, ibv_xrcd_init_attr*) { return enull<ibv_xrcd>(); }
-int uns_close_xrcd(ibv_xrcd*) { return eopnotsupp(); }
 
 }  // namespace rnic::shim
 

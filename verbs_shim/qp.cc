@@ -20,6 +20,8 @@ static_assert(offsetof(emu::Sge, lkey) == offsetof(ibv_sge, lkey));
 static_assert(static_cast<int>(emu::QpType::kRc) == IBV_QPT_RC);
 static_assert(static_cast<int>(emu::QpType::kUc) == IBV_QPT_UC);
 static_assert(static_cast<int>(emu::QpType::kUd) == IBV_QPT_UD);
+static_assert(static_cast<int>(emu::QpType::kXrcSend) == IBV_QPT_XRC_SEND);
+static_assert(static_cast<int>(emu::QpType::kXrcRecv) == IBV_QPT_XRC_RECV);
 static_assert(static_cast<int>(emu::QpState::kErr) == IBV_QPS_ERR);
 static_assert(static_cast<int>(emu::QpState::kSqd) == IBV_QPS_SQD);
 static_assert(static_cast<int>(emu::MigState::kArmed) == IBV_MIG_ARMED);
@@ -169,6 +171,8 @@ inline int convert_send(const Qp* q, const ibv_send_wr* w, emu::SendWr* e) {
       e->rdma.rkey = w->wr.rdma.rkey;
       break;
   }
+  if (q->pub_.qp_base.qp_type == IBV_QPT_XRC_SEND)
+    e->xrc_remote_srqn = w->qp_type.xrc.remote_srqn;
   if (q->pub_.qp_base.qp_type == IBV_QPT_UD) {
     e->ud.ah = w->wr.ud.ah ? to_ah(w->wr.ud.ah)->emu_.get() : nullptr;
     e->ud.remote_qpn = w->wr.ud.remote_qpn;
@@ -339,9 +343,11 @@ void wr_set_ud_addr(ibv_qp_ex* x, ibv_ah* ah, uint32_t qpn, uint32_t qkey) {
   w->ud.remote_qpn = qpn;
   w->ud.remote_qkey = qkey;
 }
-void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) {
-  // No XRC QPs exist on softrnic; a non-XRC QP ignores the SRQ number.
-  (void)x;
+void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t remote_srqn) {
+  // The target SRQ of the WR being built (XRC_SEND); other QP types ignore it.
+  emu::SendWr* w = last_wr(to_qp(x));
+  if (w == nullptr) return;
+  w->xrc_remote_srqn = remote_srqn;
 }
 void wr_set_sge(ibv_qp_ex* x, uint32_t lkey, uint64_t addr, uint32_t length) {
   Qp* q = to_qp(x);
@@ -387,6 +393,8 @@ void wr_set_inline_data(ibv_qp_ex* x, void* addr, size_t length) {
   wr_set_inline_data_list(x, 1, &b);
 }
 
+}  // namespace
+
 void fill_qp_ex(Qp* q) {
   ibv_qp_ex& x = q->pub_;
   x.comp_mask = 0;
@@ -416,10 +424,14 @@ void fill_qp_ex(Qp* q) {
   q->wr_flush_ = wr_flush;
 }
 
-// Shared by ibv_create_qp and create_qp_ex. Returns nullptr with errno set.
+namespace {
+
+// Shared by ibv_create_qp and create_qp_ex. Returns nullptr with errno set. An XRC target
+// (XRC_RECV) is created on xrcd and takes no PD, CQ or SRQ; an XRC initiator (XRC_SEND)
+// needs pd and send_cq and ignores recv_cq/srq (the kernel's create_qp rules).
 ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* init,
-                         uint64_t send_ops_flags) {
-  if (context == nullptr || pd == nullptr || init == nullptr) {
+                         uint64_t send_ops_flags, ibv_xrcd* xrcd = nullptr) {
+  if (context == nullptr || init == nullptr) {
     errno = EINVAL;
     return nullptr;
   }
@@ -428,10 +440,10 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
     case IBV_QPT_RC:
     case IBV_QPT_UC:
     case IBV_QPT_UD:
-      break;
-    case IBV_QPT_RAW_PACKET:
     case IBV_QPT_XRC_SEND:
     case IBV_QPT_XRC_RECV:
+      break;
+    case IBV_QPT_RAW_PACKET:
     case IBV_QPT_DRIVER:
       errno = EOPNOTSUPP;
       return nullptr;
@@ -439,19 +451,32 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
       errno = EINVAL;
       return nullptr;
   }
-  if (init->send_cq == nullptr || init->recv_cq == nullptr) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (init->send_cq->context != context || init->recv_cq->context != context ||
-      pd->context != context || (init->srq != nullptr && init->srq->context != context)) {
-    errno = EINVAL;
-    return nullptr;
+  const bool tgt = init->qp_type == IBV_QPT_XRC_RECV;
+  const bool ini = init->qp_type == IBV_QPT_XRC_SEND;
+  if (tgt) {
+    if (xrcd == nullptr || xrcd->context != context)
+      return static_cast<ibv_qp*>(null_errno(EINVAL));
+    pd = nullptr;
+    init->send_cq = init->recv_cq = nullptr;
+    init->srq = nullptr;
+    init->cap = ibv_qp_cap{};
+  } else {
+    if (pd == nullptr || pd->context != context || init->send_cq == nullptr ||
+        init->send_cq->context != context)
+      return static_cast<ibv_qp*>(null_errno(EINVAL));
+    if (ini) {
+      init->recv_cq = nullptr;
+      init->srq = nullptr;
+    } else if (init->recv_cq == nullptr || init->recv_cq->context != context ||
+               (init->srq != nullptr && init->srq->context != context)) {
+      return static_cast<ibv_qp*>(null_errno(EINVAL));
+    }
   }
   emu::QpInitAttr ei;
-  ei.send_cq = to_cq(init->send_cq)->emu_;
-  ei.recv_cq = to_cq(init->recv_cq)->emu_;
+  ei.send_cq = init->send_cq ? to_cq(init->send_cq)->emu_ : nullptr;
+  ei.recv_cq = init->recv_cq ? to_cq(init->recv_cq)->emu_ : nullptr;
   ei.srq = init->srq ? to_srq(init->srq)->emu_ : nullptr;
+  ei.xrcd = tgt ? to_xrcd(xrcd)->emu_ : nullptr;
   ei.cap.max_send_wr = init->cap.max_send_wr;
   ei.cap.max_recv_wr = init->cap.max_recv_wr;
   ei.cap.max_send_sge = init->cap.max_send_sge;
@@ -459,7 +484,7 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
   ei.cap.max_inline_data = init->cap.max_inline_data;
   ei.qp_type = static_cast<emu::QpType>(init->qp_type);
   ei.sq_sig_all = init->sq_sig_all != 0;
-  auto r = to_ctx(context)->emu_->create_qp(to_pd(pd)->emu_, ei);
+  auto r = to_ctx(context)->emu_->create_qp(pd ? to_pd(pd)->emu_ : nullptr, ei);
   if (!r.has_value()) {
     errno = err_of(r.error());
     return nullptr;
@@ -496,6 +521,7 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
   pthread_cond_init(&b.cond, nullptr);
   b.events_completed = 0;
   fill_qp_ex(q);
+  if (tgt) xrc_tgt_handle_add(to_ctx(context), q->emu_.get());
   return &b;
 }
 
@@ -563,10 +589,13 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   return guard_ptr<ibv_qp>([&]() -> ibv_qp* {
     if (context == nullptr || attr == nullptr) return static_cast<ibv_qp*>(null_errno(EINVAL));
     uint32_t mask = attr->comp_mask;
-    if (!(mask & IBV_QP_INIT_ATTR_PD)) return static_cast<ibv_qp*>(null_errno(EINVAL));
+    // An XRC target is created on its XRC domain, every other QP on a PD.
+    if (attr->qp_type == IBV_QPT_XRC_RECV ? !(mask & IBV_QP_INIT_ATTR_XRCD)
+                                          : !(mask & IBV_QP_INIT_ATTR_PD))
+      return static_cast<ibv_qp*>(null_errno(EINVAL));
     if (mask & ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
-                                      IBV_QP_INIT_ATTR_CREATE_FLAGS))
-      return static_cast<ibv_qp*>(null_errno(EOPNOTSUPP));  // XRCD, TSO, RSS ...
+                                      IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_XRCD))
+      return static_cast<ibv_qp*>(null_errno(EOPNOTSUPP));  // TSO, RSS ...
     if ((mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags != 0)
       return static_cast<ibv_qp*>(null_errno(EOPNOTSUPP));
     uint64_t ops = 0;
@@ -584,7 +613,9 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     init.cap = attr->cap;
     init.qp_type = attr->qp_type;
     init.sq_sig_all = attr->sq_sig_all;
-    ibv_qp* qp = create_qp_common(context, attr->pd, &init, ops);
+    ibv_qp* qp = create_qp_common(context, (mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr,
+                                  &init, ops,
+                                  (mask & IBV_QP_INIT_ATTR_XRCD) ? attr->xrcd : nullptr);
     if (qp != nullptr) attr->cap = init.cap;
     return qp;
   });
@@ -642,6 +673,19 @@ SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
   if (inherited(qp->context)) return fail_errno(EIO);
   return guard_int([&] {
     Qp* q = to_qp(qp);
+    if (q->emu_->type() == emu::QpType::kXrcRecv &&
+        !xrc_tgt_handle_drop(to_ctx(qp->context), q->emu_.get())) {
+      // Another handle (ibv_open_qp) still has the XRC target QP: only this one goes.
+      // Its async events stop here (the kernel reports them to the creating handle only).
+      if (q->emu_->user_context == q) {
+        const uint32_t reported = to_ctx(qp->context)->retire_async(&q->emu_->user_context, qp);
+        wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, reported);
+      }
+      pthread_mutex_destroy(&qp->mutex);
+      pthread_cond_destroy(&qp->cond);
+      delete q;
+      return 0;
+    }
     emu::Status st = to_ctx(qp->context)->emu_->destroy_qp(q->emu_);
     if (!st.is_ok()) return err_of(st);
     const uint32_t reported = to_ctx(qp->context)->retire_async(&q->emu_->user_context, qp);

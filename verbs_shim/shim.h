@@ -77,6 +77,17 @@ struct Context {
   // returns how many were handed out. (The kernel drops an object's unread events at destroy
   // and answers events_reported; libibverbs then waits for that many acks.)
   uint32_t retire_async(void** user_context, const void* obj);
+  // XRC (xrc.cc), under xrc_mu_: the domains opened by file, keyed by (st_dev, st_ino), with
+  // the number of open handles (the kernel's inode-keyed xrcd table, per process since the
+  // device is embedded); and the open handles of each XRC target QP (ibv_open_qp), the QP
+  // itself being destroyed with its last handle.
+  std::mutex xrc_mu_;
+  struct XrcdShare {
+    std::shared_ptr<emu::Xrcd> xrcd;
+    uint32_t opens = 0;
+  };
+  std::unordered_map<uint64_t, std::unordered_map<uint64_t, XrcdShare>> xrcd_by_file_;
+  std::unordered_map<const emu::Qp*, uint32_t> tgt_handles_;
 };
 // The object an async event names, or nullptr for a port or device event.
 const void* async_object(const ibv_async_event& ev);
@@ -143,6 +154,18 @@ struct Cq {
 };
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Cq* to_cq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
+
+// An XRC domain handle (ibv_open_xrcd). rdma-core's verbs_xrcd layout: ibv_xrcd, then
+// comp_mask and handle. Several handles (opens of one file) may share one emu::Xrcd.
+struct Xrcd {
+  ibv_xrcd pub_;
+  uint32_t comp_mask_ = 0;
+  uint32_t handle_ = 0;
+  std::shared_ptr<emu::Xrcd> emu_;
+  bool by_file_ = false;         // opened with an fd (shared), else private (fd -1)
+  uint64_t dev_ = 0, ino_ = 0;   // that file's st_dev / st_ino
+};
+inline Xrcd* to_xrcd(ibv_xrcd* x) { return reinterpret_cast<Xrcd*>(x); }
 
 struct Srq {
   ibv_srq pub_;
@@ -236,6 +259,13 @@ int post_recv_chain(ibv_recv_wr* wr, ibv_recv_wr** bad, PostFn&& post) {
   }
   return 0;
 }
+
+// The emu QP of an XRC target QP created (or opened) on this context gets one more handle
+// (xrc.cc); drop returns true for the last one (then the caller destroys the emu QP).
+void xrc_tgt_handle_add(Context* ctx, const emu::Qp* qp);
+bool xrc_tgt_handle_drop(Context* ctx, const emu::Qp* qp);
+// The ibv_qp_ex function table of a new shim QP (qp.cc).
+void fill_qp_ex(Qp* q);
 
 // Conversions between verbs and emu address attributes (ah.cc).
 emu::AhAttr to_emu(const ibv_ah_attr& a);

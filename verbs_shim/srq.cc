@@ -1,4 +1,4 @@
-// Shared receive queues: create (ibv_create_srq and the basic create_srq_ex), modify,
+// Shared receive queues: create (ibv_create_srq, create_srq_ex basic and XRC), modify,
 // query, destroy, and the post_srq_recv data path.
 #include <cstring>
 
@@ -13,17 +13,23 @@ static_assert(emu::kSrqMaxWr == IBV_SRQ_MAX_WR && emu::kSrqLimit == IBV_SRQ_LIMI
 
 namespace {
 
-ibv_srq* create_srq_common(ibv_context* context, ibv_pd* pd, void* srq_context, ibv_srq_attr* attr) {
+// xrcd/cq non-null: an XRC SRQ of that domain completing into cq (both of this context).
+ibv_srq* create_srq_common(ibv_context* context, ibv_pd* pd, void* srq_context, ibv_srq_attr* attr,
+                           ibv_xrcd* xrcd = nullptr, ibv_cq* cq = nullptr) {
   if (pd == nullptr || attr == nullptr || pd->context != context) {
     errno = EINVAL;
     return nullptr;
   }
+  if (xrcd != nullptr && (xrcd->context != context || cq == nullptr || cq->context != context))
+    return static_cast<ibv_srq*>(null_errno(EINVAL));
   if (inherited(context)) return static_cast<ibv_srq*>(null_errno(EIO));
   emu::SrqAttr ea;
   ea.max_wr = attr->max_wr;
   ea.max_sge = attr->max_sge;
   ea.srq_limit = attr->srq_limit;
-  auto r = to_ctx(context)->emu_->create_srq(to_pd(pd)->emu_, ea);
+  auto r = to_ctx(context)->emu_->create_srq(to_pd(pd)->emu_, ea,
+                                             xrcd ? to_xrcd(xrcd)->emu_ : nullptr,
+                                             xrcd ? to_cq(cq)->emu_ : nullptr);
   if (!r.has_value()) {
     errno = err_of(r.error());
     return nullptr;
@@ -70,17 +76,25 @@ ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
                                       IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
                                       IBV_SRQ_INIT_ATTR_TM))
       return static_cast<ibv_srq*>(null_errno(EINVAL));
-    if ((mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)
-      return static_cast<ibv_srq*>(null_errno(EOPNOTSUPP));  // no XRC / tag matching
+    const bool xrc = (mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC;
+    if ((mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC && !xrc)
+      return static_cast<ibv_srq*>(null_errno(EOPNOTSUPP));  // no tag matching
     if (!(mask & IBV_SRQ_INIT_ATTR_PD)) return static_cast<ibv_srq*>(null_errno(EINVAL));
-    return create_srq_common(context, attr->pd, attr->srq_context, &attr->attr);
+    // libibverbs ibv_cmd_create_srq_ex: an XRC SRQ needs its XRC domain and its CQ.
+    if (xrc && (!(mask & IBV_SRQ_INIT_ATTR_XRCD) || !(mask & IBV_SRQ_INIT_ATTR_CQ) ||
+                attr->xrcd == nullptr || attr->cq == nullptr))
+      return static_cast<ibv_srq*>(null_errno(EINVAL));
+    return create_srq_common(context, attr->pd, attr->srq_context, &attr->attr,
+                             xrc ? attr->xrcd : nullptr, xrc ? attr->cq : nullptr);
   });
 }
 
 int op_get_srq_num(ibv_srq* srq, uint32_t* num) {
-  (void)srq;
-  (void)num;
-  return fail_errno(EOPNOTSUPP);  // SRQ numbers exist only for XRC SRQs
+  if (srq == nullptr || num == nullptr) return fail_errno(EINVAL);
+  const auto& e = to_srq(srq)->emu_;
+  if (!e->is_xrc()) return fail_errno(EOPNOTSUPP);  // SRQ numbers exist only for XRC SRQs
+  *num = e->srq_num();
+  return 0;
 }
 
 }  // namespace rnic::shim

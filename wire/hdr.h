@@ -1,5 +1,5 @@
-// Views over IBA transport headers (BTH, RETH, AETH, AtomicETH, AtomicAckETH, DETH, ImmDt,
-// IETH, FETH) with big-endian get/set accessors named as in the spec, plus header sizes and
+// Views over IBA transport headers (BTH, RETH, AETH, AtomicETH, AtomicAckETH, DETH, XRCETH,
+// ImmDt, IETH, FETH) with big-endian get/set accessors named as in the spec, plus header sizes and
 // AETH syndrome helpers. A view only wraps a pointer: the caller guarantees the header's bytes
 // are in bounds (parse_roce() does that once). Hdr<const uint8_t> views are read-only.
 #pragma once
@@ -21,6 +21,7 @@ constexpr size_t kDethBytes = 8;
 constexpr size_t kImmDtBytes = 4;
 constexpr size_t kIethBytes = 4;
 constexpr size_t kFethBytes = 4;
+constexpr size_t kXrcEthBytes = 4;
 constexpr size_t kCnpRsvdBytes = 16;
 constexpr size_t kIcrcBytes = 4;
 constexpr uint16_t kRoceUdpPort = 4791;
@@ -159,6 +160,21 @@ class DethT : public HdrView<P> {
   }
 };
 
+// XRC Extended Transport Header (4 bytes, IBA 9.3.6 / Table 37): resv8, XRC SRQ number (24
+// bits): the SRQ of the target's XRC domain that receives the request.
+template <typename P>
+class XrcEthT : public HdrView<P> {
+  using HdrView<P>::p_;
+
+ public:
+  using HdrView<P>::HdrView;
+  constexpr uint32_t srqn() const { return load_be24(p_ + 1); }
+  constexpr void set_srqn(uint32_t v) requires(!std::is_const_v<P>) {
+    p_[0] = 0;
+    store_be24(p_ + 1, v);
+  }
+};
+
 // Immediate Data Extended Transport Header (4 bytes). imm() is the big-endian load of the
 // 4 wire bytes (ibverbs' __be32 imm_data is the same bytes in memory order).
 template <typename P>
@@ -209,6 +225,7 @@ using Deth = DethT<uint8_t>;
 using ImmDt = ImmDtT<uint8_t>;
 using Ieth = IethT<uint8_t>;
 using Feth = FethT<uint8_t>;
+using XrcEth = XrcEthT<uint8_t>;
 using ConstBth = BthT<const uint8_t>;
 using ConstReth = RethT<const uint8_t>;
 using ConstAeth = AethT<const uint8_t>;
@@ -218,6 +235,7 @@ using ConstDeth = DethT<const uint8_t>;
 using ConstImmDt = ImmDtT<const uint8_t>;
 using ConstIeth = IethT<const uint8_t>;
 using ConstFeth = FethT<const uint8_t>;
+using ConstXrcEth = XrcEthT<const uint8_t>;
 
 // AETH syndrome (IBA 9.7.5.2.4): bit 7 reserved, bits 6-5 type, bits 4-0 value.
 namespace aeth {

@@ -7,7 +7,7 @@ namespace rnic::wire {
 namespace {
 
 // Builds one row. Header offsets follow the wire order of IBA extension headers:
-// BTH, DETH, FETH, RETH | AtomicETH, AETH, AtomicAckETH, ImmDt | IETH, (CNP reserved), payload.
+// BTH, DETH, XRCETH, FETH, RETH | AtomicETH, AETH, AtomicAckETH, ImmDt | IETH, (CNP reserved), payload.
 constexpr OpcodeInfo row(const char* name, uint32_t mask) {
   OpcodeInfo r{name, mask | kBthMask, 0, {}};
   size_t off = kBthBytes;
@@ -19,6 +19,7 @@ constexpr OpcodeInfo row(const char* name, uint32_t mask) {
   };
   r.offset[kHdrBth] = 0;
   place(kDethMask, kHdrDeth, kDethBytes);
+  place(kXrcEthMask, kHdrXrcEth, kXrcEthBytes);
   place(kFethMask, kHdrFeth, kFethBytes);
   place(kRethMask, kHdrReth, kRethBytes);
   place(kAtmEthMask, kHdrAtmEth, kAtomicEthBytes);
@@ -46,6 +47,19 @@ constexpr uint32_t kWriteOnly = kRethMask | kPayloadMask | kReqMask | kWriteMask
 constexpr uint32_t kWithImm = kImmMask | kCompMask;
 // RDMA WRITE with immediate consumes a receive WQE on its last/only packet.
 constexpr uint32_t kWriteImm = kWithImm | kRwrMask;
+
+// Names of the XRC rows, indexed by the RC opcode they mirror (nullptr: no row).
+constexpr const char* kXrcNames[] = {
+    "XRC_SEND_FIRST", "XRC_SEND_MIDDLE", "XRC_SEND_LAST", "XRC_SEND_LAST_WITH_IMMEDIATE",
+    "XRC_SEND_ONLY", "XRC_SEND_ONLY_WITH_IMMEDIATE", "XRC_RDMA_WRITE_FIRST",
+    "XRC_RDMA_WRITE_MIDDLE", "XRC_RDMA_WRITE_LAST", "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+    "XRC_RDMA_WRITE_ONLY", "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", "XRC_RDMA_READ_REQUEST",
+    "XRC_RDMA_READ_RESPONSE_FIRST", "XRC_RDMA_READ_RESPONSE_MIDDLE",
+    "XRC_RDMA_READ_RESPONSE_LAST", "XRC_RDMA_READ_RESPONSE_ONLY", "XRC_ACKNOWLEDGE",
+    "XRC_ATOMIC_ACKNOWLEDGE", "XRC_COMPARE_SWAP", "XRC_FETCH_ADD", nullptr,
+    "XRC_SEND_LAST_WITH_INVALIDATE", "XRC_SEND_ONLY_WITH_INVALIDATE",
+};
+static_assert(std::size(kXrcNames) == op::kRcSendOnlyWithInv + 1);
 
 constexpr std::array<OpcodeInfo, 256> make_table() {
   std::array<OpcodeInfo, 256> t{};
@@ -100,6 +114,14 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
   t[kUcRdmaWriteLastWithImm] = row("UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", kWriteLast | kWriteImm);
   t[kUcRdmaWriteOnly] = row("UC_RDMA_WRITE_ONLY", kWriteOnly);
   t[kUcRdmaWriteOnlyWithImm] = row("UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", kWriteOnly | kWriteImm);
+  // XRC: every RC opcode of 0x00..0x17 at 0xA0 | op, requests with the XRCETH (IBA Table 38).
+  // FLUSH and ATOMIC_WRITE (0x1C/0x1D) have no XRC rows.
+  for (uint8_t o = 0; o <= kRcSendOnlyWithInv; ++o) {
+    const OpcodeInfo rc = t[o];
+    if (rc.mask == 0) continue;
+    const uint32_t m = rc.mask & ~kBthMask;
+    t[kXrcBase | o] = row(kXrcNames[o], m | ((m & kReqMask) ? kXrcEthMask : 0u));
+  }
   // UD
   t[kUdSendOnly] = row("UD_SEND_ONLY", kDethMask | kSendOnly);
   t[kUdSendOnlyWithImm] = row("UD_SEND_ONLY_WITH_IMMEDIATE", kDethMask | kSendOnly | kWithImm);
@@ -121,6 +143,15 @@ static_assert(kTable[op::kRcFlush].offset[kHdrFeth] == 12);
 static_assert(kTable[op::kRcFlush].offset[kHdrReth] == 16);
 static_assert(kTable[op::kUdSendOnlyWithImm].offset[kHdrImmDt] == 20);
 static_assert(kTable[op::kCnp].length == 28);
+// XRC: XRCETH right after the BTH on requests (then RETH / AtomicETH), none on responses.
+static_assert(kTable[op::kXrcSendOnly].length == 16);
+static_assert(kTable[op::kXrcSendOnly].offset[kHdrXrcEth] == 12);
+static_assert(kTable[op::kXrcRdmaWriteFirst].offset[kHdrReth] == 16);
+static_assert(kTable[op::kXrcCompareSwap].length == 44);
+static_assert(kTable[op::kXrcAcknowledge].length == 16 &&
+              !(kTable[op::kXrcAcknowledge].mask & kXrcEthMask));
+static_assert(kTable[op::kXrcSendOnlyWithInv].offset[kHdrIeth] == 16);
+static_assert(kTable[op::kXrcBase | 0x15].mask == 0 && kTable[0xbc].mask == 0);
 static_assert(kTable[0x15].name == nullptr && kTable[0x15].mask == 0);
 static_assert(kTable[op::kRcAcknowledge].mask == (kBthMask | kAethMask | kAckMask | kStartMask |
                                                   kEndMask));

@@ -1,7 +1,8 @@
 // IBA transport opcodes (RC, UC, UD, RoCEv2 CNP) and the 256-entry opcode table that drives
 // build and parse: name, header mask, total transport-header length and per-header offsets.
 // Values follow IBA Vol 1 Table 38 as amended (FLUSH 0x1C, ATOMIC_WRITE 0x1D, as in Linux
-// include/rdma/ib_pack.h). RD (0x40..) and XRC (0xA0..) rows are deliberately absent.
+// include/rdma/ib_pack.h). XRC (0xA0..0xB7) mirrors RC 0x00..0x17: requests carry the XRCETH
+// right after the BTH, responses do not (IBA 9.2, 9.3.6). RD (0x40..) rows are absent.
 #pragma once
 
 #include <array>
@@ -51,6 +52,24 @@ constexpr uint8_t kUcRdmaWriteLast = 0x28;
 constexpr uint8_t kUcRdmaWriteLastWithImm = 0x29;
 constexpr uint8_t kUcRdmaWriteOnly = 0x2a;
 constexpr uint8_t kUcRdmaWriteOnlyWithImm = 0x2b;
+// XRC (transport class 0b101): RC's opcodes | 0xA0 (requests add the XRCETH).
+constexpr uint8_t kXrcBase = 0xa0;
+constexpr uint8_t kXrcSendFirst = 0xa0;
+constexpr uint8_t kXrcSendMiddle = 0xa1;
+constexpr uint8_t kXrcSendLast = 0xa2;
+constexpr uint8_t kXrcSendLastWithImm = 0xa3;
+constexpr uint8_t kXrcSendOnly = 0xa4;
+constexpr uint8_t kXrcSendOnlyWithImm = 0xa5;
+constexpr uint8_t kXrcRdmaWriteFirst = 0xa6;
+constexpr uint8_t kXrcRdmaWriteOnly = 0xaa;
+constexpr uint8_t kXrcRdmaReadRequest = 0xac;
+constexpr uint8_t kXrcRdmaReadResponseOnly = 0xb0;
+constexpr uint8_t kXrcAcknowledge = 0xb1;
+constexpr uint8_t kXrcAtomicAcknowledge = 0xb2;
+constexpr uint8_t kXrcCompareSwap = 0xb3;
+constexpr uint8_t kXrcFetchAdd = 0xb4;
+constexpr uint8_t kXrcSendLastWithInv = 0xb6;
+constexpr uint8_t kXrcSendOnlyWithInv = 0xb7;
 // UD (transport class 0b011)
 constexpr uint8_t kUdSendOnly = 0x64;
 constexpr uint8_t kUdSendOnlyWithImm = 0x65;
@@ -70,6 +89,7 @@ enum HdrType : uint8_t {
   kHdrDeth,
   kHdrImmDt,
   kHdrFeth,
+  kHdrXrcEth,
   kHdrPayload,
   kNumHdrTypes,
 };
@@ -86,6 +106,7 @@ constexpr uint32_t kImmMask = 1u << 7;
 constexpr uint32_t kFethMask = 1u << 8;
 constexpr uint32_t kPayloadMask = 1u << 9;       // packet carries a (possibly empty) payload
 constexpr uint32_t kCnpRsvdMask = 1u << 10;      // 16 reserved bytes after BTH (CNP)
+constexpr uint32_t kXrcEthMask = 1u << 11;       // XRCETH after the BTH (XRC requests)
 constexpr uint32_t kReqMask = 1u << 12;          // requester -> responder
 constexpr uint32_t kAckMask = 1u << 13;          // responder -> requester (ACK, read resp, atomic ack)
 constexpr uint32_t kSendMask = 1u << 14;
@@ -114,6 +135,12 @@ constexpr uint8_t transport_class(uint8_t opcode) { return opcode >> 5; }
 constexpr bool is_rc(uint8_t opcode) { return transport_class(opcode) == 0; }
 constexpr bool is_uc(uint8_t opcode) { return transport_class(opcode) == 1; }
 constexpr bool is_ud(uint8_t opcode) { return transport_class(opcode) == 3; }
+constexpr bool is_xrc(uint8_t opcode) { return transport_class(opcode) == 5; }
+// The RC opcode an RC or XRC opcode stands for (XRC 0xA0 | x -> x), so the reliable
+// transports compare one set of constants; other classes are returned unchanged.
+constexpr uint8_t rc_equivalent(uint8_t opcode) {
+  return is_xrc(opcode) ? static_cast<uint8_t>(opcode & 0x1f) : opcode;
+}
 constexpr bool is_cnp(uint8_t opcode) { return opcode == op::kCnp; }
 
 // The full table; opcode_table()[op].name == nullptr for unsupported/reserved opcodes.

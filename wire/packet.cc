@@ -77,7 +77,7 @@ bool PacketFields::operator==(const PacketFields& o) const {
          rkey == o.rkey && dma_len == o.dma_len && syndrome == o.syndrome && msn == o.msn &&
          swap_add == o.swap_add && compare == o.compare && orig == o.orig && qkey == o.qkey &&
          src_qp == o.src_qp && imm == o.imm && inv_rkey == o.inv_rkey &&
-         flush_sel == o.flush_sel && flush_plt == o.flush_plt &&
+         flush_sel == o.flush_sel && flush_plt == o.flush_plt && xrc_srqn == o.xrc_srqn &&
          std::equal(payload.begin(), payload.end(), o.payload.begin(), o.payload.end());
 }
 
@@ -122,6 +122,7 @@ PacketFields PacketView::fields() const {
   }
   if (has(kImmMask)) f.imm = immdt().imm();
   if (has(kIethMask)) f.inv_rkey = ieth().inv_rkey();
+  if (has(kXrcEthMask)) f.xrc_srqn = xrceth().srqn();
   if (has(kFethMask)) {
     f.flush_sel = feth().sel();
     f.flush_plt = feth().plt();
@@ -269,6 +270,7 @@ size_t write_roce_headers(uint8_t* p, const PacketFields& f, size_t payload_len)
   }
   if (mask & kImmMask) ImmDt(p + info.offset[kHdrImmDt]).set_imm(f.imm);
   if (mask & kIethMask) Ieth(p + info.offset[kHdrIeth]).set_inv_rkey(f.inv_rkey);
+  if (mask & kXrcEthMask) XrcEth(p + info.offset[kHdrXrcEth]).set_srqn(f.xrc_srqn);
   if (mask & kFethMask) Feth(p + info.offset[kHdrFeth]).set_sel_plt(f.flush_sel, f.flush_plt);
   return info.length;
 }

@@ -48,6 +48,8 @@ struct PacketFields {
   uint32_t imm = 0;
   // IETH
   uint32_t inv_rkey = 0;
+  // XRCETH
+  uint32_t xrc_srqn = 0;
   // FETH
   uint8_t flush_sel = 0;
   uint8_t flush_plt = 0;
@@ -102,6 +104,7 @@ struct PacketView {
   ConstImmDt immdt() const { return ConstImmDt(hdr + info->offset[kHdrImmDt]); }
   ConstIeth ieth() const { return ConstIeth(hdr + info->offset[kHdrIeth]); }
   ConstFeth feth() const { return ConstFeth(hdr + info->offset[kHdrFeth]); }
+  ConstXrcEth xrceth() const { return ConstXrcEth(hdr + info->offset[kHdrXrcEth]); }
   std::span<const uint8_t> payload_span() const { return {payload, payload_len}; }
   std::span<const uint8_t> roce_span() const { return {roce, roce_len}; }
   // Every header field plus the payload span.

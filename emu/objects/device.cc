@@ -178,6 +178,7 @@ Device::Device(const DeviceConfig& cfg)
       ahs_(1, 0xFFFFFF, kMaxAh, seed_or_random(cfg.key_seed, 2)),
       cqs_(1, 0xFFFFFF, kMaxCq, seed_or_random(cfg.key_seed, 3)),
       srqs_(1, 0xFFFFFF, kMaxSrq, seed_or_random(cfg.key_seed, 4)),
+      xrcds_(1, 0xFFFFFF, kMaxXrcd, seed_or_random(cfg.key_seed, 8)),
       qps_(0x11, 0xFFFFFE, cfg.max_qp != 0 ? cfg.max_qp : kMaxQp,
            seed_or_random(cfg.key_seed, 5)),
       mws_(1, 0xFFFFFF, kMaxMw, seed_or_random(cfg.key_seed, 6)),
@@ -264,7 +265,8 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   at.device_cap_flags = kDevCapBadPkeyCntr | kDevCapBadQkeyCntr | kDevCapAutoPathMig |
                         kDevCapChangePhyPort | kDevCapUdAvPortEnforce |
                         kDevCapPortActiveEvent | kDevCapSysImageGuid | kDevCapRcRnrNakGen |
-                        kDevCapSrqResize | kDevCapMemWindow | kDevCapMemWindowType2B;
+                        kDevCapSrqResize | kDevCapMemWindow | kDevCapMemWindowType2B |
+                        kDevCapXrc;
   at.max_sge = kMaxSge;
   at.max_sge_rd = kMaxSgeRd;
   at.max_cq = kMaxCq;
@@ -314,6 +316,7 @@ void Device::close() {
   for (auto& cq : cqs_.snapshot())
     if (cq->channel_) cq->channel_->forget(cq.get());
   srqs_.clear();
+  xrcds_.clear();
   cqs_.clear();
   // No access through any window or region is running or can start once close returns.
   for (auto& mw : mws_.snapshot()) mw->gate_.close_and_drain();
@@ -658,21 +661,46 @@ Status Device::destroy_cq(const std::shared_ptr<Cq>& cq) {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------- XRC domain
+
+Result<std::shared_ptr<Xrcd>> Device::alloc_xrcd() {
+  auto x = std::make_shared<Xrcd>(*this, 0);
+  Result<uint32_t> h = xrcds_.insert_next(x);
+  if (!h) return h.error();
+  x->handle_ = *h;
+  return x;
+}
+
+Status Device::dealloc_xrcd(const std::shared_ptr<Xrcd>& xrcd) {
+  if (!xrcd || xrcd->dev_ != this) return Errc::kInval;
+  if (xrcd->users() != 0) return Errc::kBusy;  // ib_dealloc_xrcd_user: -EBUSY while in use
+  if (!xrcds_.erase(xrcd->handle())) return Errc::kInval;
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------- SRQ
 
 Result<std::shared_ptr<Srq>> Device::create_srq(const std::shared_ptr<Pd>& pd,
-                                                const SrqAttr& attr) {
+                                                const SrqAttr& attr,
+                                                const std::shared_ptr<Xrcd>& xrcd,
+                                                const std::shared_ptr<Cq>& cq) {
   if (!pd || &pd->device() != this) return Errc::kInval;
+  if ((xrcd == nullptr) != (cq == nullptr)) return Errc::kInval;
+  if (xrcd && (xrcd->dev_ != this || cq->dev_ != this)) return Errc::kInval;
   if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(attr_.max_srq_wr))
     return Errc::kInval;
   if (attr.max_sge == 0 || attr.max_sge > static_cast<uint32_t>(attr_.max_srq_sge))
     return Errc::kInval;
   if (attr.srq_limit > attr.max_wr) return Errc::kInval;
-  auto srq = std::make_shared<Srq>(*this, 0, pd, attr);
+  auto srq = std::make_shared<Srq>(*this, 0, pd, attr, xrcd, cq);
   Result<uint32_t> h = srqs_.insert_next(srq);
   if (!h) return h.error();
   srq->handle_ = *h;
   pd->add_user();
+  if (xrcd) {
+    xrcd->add_user();
+    cq->users_.fetch_add(1);
+  }
   return srq;
 }
 
@@ -687,6 +715,10 @@ Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
   if (srq->users() != 0) return Errc::kBusy;
   if (!srqs_.erase(srq->handle())) return Errc::kInval;
   srq->pd()->drop_user();
+  if (srq->xrcd_) {
+    srq->xrcd_->drop_user();
+    srq->cq_->users_.fetch_sub(1);
+  }
   return Status::ok();
 }
 
@@ -694,13 +726,25 @@ Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
 
 Result<std::shared_ptr<Qp>> Device::create_qp(const std::shared_ptr<Pd>& pd,
                                               const QpInitAttr& in) {
+  if (in.qp_type == QpType::kXrcRecv) return create_xrc_tgt(in);
   if (!pd || &pd->device() != this) return Errc::kInval;
-  if (in.qp_type != QpType::kRc && in.qp_type != QpType::kUc && in.qp_type != QpType::kUd)
+  if (in.qp_type != QpType::kRc && in.qp_type != QpType::kUc && in.qp_type != QpType::kUd &&
+      in.qp_type != QpType::kXrcSend)
     return Errc::kInval;
-  if (!in.send_cq || !in.recv_cq) return Errc::kInval;
-  if (in.send_cq->dev_ != this || in.recv_cq->dev_ != this) return Errc::kInval;
-  if (in.srq && in.srq->dev_ != this) return Errc::kInval;
   QpInitAttr init = in;
+  if (in.qp_type == QpType::kXrcSend) {
+    // The initiator has no receive side (uverbs create_qp: max_recv_* = 0, no RCQ/SRQ).
+    init.recv_cq = nullptr;
+    init.srq = nullptr;
+    init.xrcd = nullptr;
+    init.cap.max_recv_wr = init.cap.max_recv_sge = 0;
+    if (!init.send_cq || init.send_cq->dev_ != this) return Errc::kInval;
+  } else {
+    if (!in.send_cq || !in.recv_cq) return Errc::kInval;
+    if (in.send_cq->dev_ != this || in.recv_cq->dev_ != this) return Errc::kInval;
+    if (in.srq && in.srq->dev_ != this) return Errc::kInval;
+    if (in.srq && in.srq->is_xrc()) return Errc::kInval;  // XRC SRQs take no RC/UC/UD QP
+  }
   QpCap& c = init.cap;
   const auto max_wr = static_cast<uint32_t>(attr_.max_qp_wr);
   const auto max_sge = static_cast<uint32_t>(attr_.max_sge);
@@ -717,8 +761,23 @@ Result<std::shared_ptr<Qp>> Device::create_qp(const std::shared_ptr<Pd>& pd,
   qp->udp_sport_ = static_cast<uint16_t>(0xC000 + (((*qpn * 0x61C88647u) >> 18) & 0x3FFF));
   pd->add_user();
   init.send_cq->users_.fetch_add(1);
-  init.recv_cq->users_.fetch_add(1);
+  if (init.recv_cq) init.recv_cq->users_.fetch_add(1);
   if (init.srq) init.srq->users_.fetch_add(1);
+  return qp;
+}
+
+Result<std::shared_ptr<Qp>> Device::create_xrc_tgt(const QpInitAttr& in) {
+  if (!in.xrcd || in.xrcd->dev_ != this) return Errc::kInval;
+  QpInitAttr init;
+  init.qp_type = QpType::kXrcRecv;
+  init.xrcd = in.xrcd;
+  init.cap = QpCap{};  // no SQ, no RQ: receive WQEs come from the SRQ each XRCETH names
+  auto qp = std::make_shared<Qp>(*this, nullptr, init);
+  Result<uint32_t> qpn = qps_.insert_random(qp);
+  if (!qpn) return qpn.error();
+  qp->qpn_ = *qpn;
+  qp->udp_sport_ = static_cast<uint16_t>(0xC000 + (((*qpn * 0x61C88647u) >> 18) & 0x3FFF));
+  init.xrcd->add_user();
   return qp;
 }
 
@@ -762,10 +821,11 @@ Status Device::destroy_qp(const std::shared_ptr<Qp>& qp) {
     qps_.erase(qp->qpn());
     if (TransportHooks* h = hooks()) h->on_destroy(*qp);
   }
-  qp->pd_->drop_user();
-  qp->send_cq_->users_.fetch_sub(1);
-  qp->recv_cq_->users_.fetch_sub(1);
+  if (qp->pd_) qp->pd_->drop_user();
+  if (qp->send_cq_) qp->send_cq_->users_.fetch_sub(1);
+  if (qp->recv_cq_) qp->recv_cq_->users_.fetch_sub(1);
   if (qp->srq_) qp->srq_->users_.fetch_sub(1);
+  if (qp->xrcd_) qp->xrcd_->drop_user();
   return Status::ok();
 }
 

@@ -210,6 +210,12 @@ class Device : public std::enable_shared_from_this<Device> {
   Result<std::shared_ptr<Pd>> alloc_pd();
   Status dealloc_pd(const std::shared_ptr<Pd>& pd);  // EBUSY while objects use it
 
+  // ---- XRC domain ----
+  // ibv_open_xrcd's device half: a new domain (sharing by file is the shim's). ENOMEM past
+  // kMaxXrcd.
+  Result<std::shared_ptr<Xrcd>> alloc_xrcd();
+  Status dealloc_xrcd(const std::shared_ptr<Xrcd>& xrcd);  // EBUSY while SRQs/target QPs use it
+
   // ---- MR ----
   // ibv_reg_mr / ibv_reg_mr_iova: addr = process address, iova = the address remote peers
   // and SGEs use (pass iova == addr for ibv_reg_mr). EINVAL: length 0, addr+length or
@@ -245,7 +251,13 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // ---- SRQ ----
   // EINVAL: max_wr 0 or > max_srq_wr, max_sge 0 or > max_srq_sge, srq_limit > max_wr.
-  Result<std::shared_ptr<Srq>> create_srq(const std::shared_ptr<Pd>& pd, const SrqAttr& attr);
+  // XRC SRQ (IBV_SRQT_XRC): xrcd and cq non-null and of this device (else EINVAL); its
+  // receive completions go to cq. Counts as a user of pd, xrcd and cq.
+  Result<std::shared_ptr<Srq>> create_srq(const std::shared_ptr<Pd>& pd, const SrqAttr& attr,
+                                          const std::shared_ptr<Xrcd>& xrcd = nullptr,
+                                          const std::shared_ptr<Cq>& cq = nullptr);
+  // The SRQ with number srqn (hot path: the XRC responder resolving an XRCETH), or null.
+  std::shared_ptr<Srq> find_srq(uint32_t srqn) const { return srqs_.find(srqn); }
   Status modify_srq(const std::shared_ptr<Srq>& srq, const SrqAttr& attr, uint32_t mask);
   Status destroy_srq(const std::shared_ptr<Srq>& srq);  // EBUSY while QPs use it
 
@@ -255,6 +267,9 @@ class Device : public std::enable_shared_from_this<Device> {
   // max_inline_data) else EINVAL; with an SRQ the recv caps are ignored (reported 0);
   // max_send_wr 0 is raised to 1. Returned caps are in qp->cap(). QPNs are random 24-bit
   // numbers in [0x11, 0xFFFFFE] (never 0, 1, or the multicast QPN).
+  // XRC_SEND: pd and send_cq required, recv_cq/srq ignored, no receive caps. XRC_RECV: pd
+  // ignored (may be null), init.xrcd required and of this device, no CQs, no SQ/RQ (caps
+  // reported 0); the QP counts as a user of its xrcd.
   Result<std::shared_ptr<Qp>> create_qp(const std::shared_ptr<Pd>& pd, const QpInitAttr& init);
   // ibv_modify_qp (see qp_transition()): check everything, then commit; any failure ->
   // EINVAL and the QP is exactly as before. Takes both QP locks.
@@ -289,6 +304,7 @@ class Device : public std::enable_shared_from_this<Device> {
   static uint64_t now_ns();
 
  private:
+  Result<std::shared_ptr<Qp>> create_xrc_tgt(const QpInitAttr& in);
   static void release_pin(Mr& mr);  // dereg_mr, close: drop the MR's pin (pin.h)
   explicit Device(const DeviceConfig& cfg);
   friend class Cq;
@@ -313,6 +329,7 @@ class Device : public std::enable_shared_from_this<Device> {
   ObjectTable<Ah> ahs_;
   ObjectTable<Cq> cqs_;
   ObjectTable<Srq> srqs_;
+  ObjectTable<Xrcd> xrcds_;
   ObjectTable<Qp> qps_;
   ObjectTable<Mw> mws_;  // by rkey-independent handle, for close()
   ObjectTable<Mr> mrs_;  // likewise

@@ -66,6 +66,8 @@ const char* qp_type_name(QpType t) {
     case QpType::kRc: return "RC";
     case QpType::kUc: return "UC";
     case QpType::kUd: return "UD";
+    case QpType::kXrcSend: return "XRC_SEND";
+    case QpType::kXrcRecv: return "XRC_RECV";
   }
   return "QPT_?";
 }

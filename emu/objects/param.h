@@ -35,6 +35,7 @@ inline constexpr uint32_t kMaxQpInitRdAtom = 128;
 inline constexpr uint32_t kMaxResRdAtom = 0x3F000;
 inline constexpr uint32_t kMaxAh = 32767;
 inline constexpr uint32_t kMaxSrq = 960;
+inline constexpr uint32_t kMaxXrcd = 1024;  // XRC domains per device
 inline constexpr uint32_t kMaxSrqWr = 0x4000;
 inline constexpr uint32_t kMaxSrqSge = 27;
 inline constexpr uint32_t kMaxMcastGrp = 8192;

@@ -33,6 +33,28 @@ class Pd {
   std::atomic<uint32_t> users_{0};
 };
 
+// An XRC domain (IBA 11.2.2 / ibv_open_xrcd): the scope XRC SRQs and XRC target QPs live in.
+// A target QP delivers only into SRQs of its own domain. SRQs and target QPs count as users;
+// dealloc_xrcd refuses (EBUSY) while users() > 0. Sharing a domain between opens (the inode
+// of ibv_xrcd_init_attr.fd) is the shim's business: emu sees one Xrcd per domain.
+class Xrcd {
+ public:
+  Xrcd(Device& dev, uint32_t handle) : dev_(&dev), handle_(handle) {}
+  uint32_t handle() const { return handle_; }
+  Device& device() const { return *dev_; }
+  uint32_t users() const { return users_.load(); }
+  void add_user() { users_.fetch_add(1); }
+  void drop_user() { users_.fetch_sub(1); }
+
+  void* user_context = nullptr;  // free for the shim
+
+ private:
+  friend class Device;
+  Device* dev_;
+  uint32_t handle_;
+  std::atomic<uint32_t> users_{0};
+};
+
 // ibv_global_route + ibv_ah_attr, field for field.
 struct GlobalRoute {
   uint8_t dgid[16] = {};

@@ -12,14 +12,37 @@ namespace {
 
 constexpr uint32_t kPsnMask = 0xFFFFFF;
 
-// Index: [cur][next][type], type 0 = UD, 1 = UC, 2 = RC.
+// Index: [cur][next][type], type 0 = UD, 1 = UC, 2 = RC (and the XRC halves, adjusted by
+// xrc_adjust).
 int type_index(QpType t) {
   switch (t) {
     case QpType::kUd: return 0;
     case QpType::kUc: return 1;
-    case QpType::kRc: return 2;
+    case QpType::kRc:
+    case QpType::kXrcSend:
+    case QpType::kXrcRecv: return 2;
   }
   return 0;
+}
+
+// Where the XRC initiator (XRC_SEND) and target (XRC_RECV) columns of Linux's qp_state_table
+// differ from RC's: the initiator has no responder (no max_dest_rd_atomic / min_rnr_timer),
+// the target no requester (RTR->RTS needs only timeout and sq_psn; no retry counts or
+// initiator depth).
+void xrc_adjust(QpState cur, QpState next, QpType type, QpTransition* t) {
+  using S = QpState;
+  const bool ini = type == QpType::kXrcSend;
+  if (cur == S::kInit && next == S::kRtr && ini) {
+    t->required &= ~(kQpMaxDestRdAtomic | kQpMinRnrTimer);
+  } else if (cur == S::kRtr && next == S::kRts) {
+    if (ini) t->optional &= ~kQpMinRnrTimer;
+    else t->required = kQpTimeout | kQpSqPsn;
+  } else if ((cur == S::kRts || cur == S::kSqd) && next == S::kRts) {
+    if (ini) t->optional &= ~kQpMinRnrTimer;
+  } else if (cur == S::kSqd && next == S::kSqd) {
+    t->optional &= ini ? ~(kQpMaxDestRdAtomic | kQpMinRnrTimer)
+                       : ~(kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic);
+  }
 }
 
 struct Row {
@@ -129,11 +152,12 @@ QpTransition qp_transition(QpState cur, QpState next, QpType type) {
     return t;
   Row r = table_row(cur, next);
   if (!r.valid) return t;
-  if (cur == QpState::kSqe && next == QpState::kRts && type == QpType::kRc) return t;
+  if (cur == QpState::kSqe && next == QpState::kRts && is_reliable(type)) return t;
   int i = type_index(type);
   t.valid = true;
   t.required = r.req[i];
   t.optional = r.opt[i];
+  if (is_xrc(type)) xrc_adjust(cur, next, type, &t);
   return t;
 }
 
@@ -141,7 +165,8 @@ QpTransition qp_transition(QpState cur, QpState next, QpType type) {
 
 Qp::Qp(Device& dev, std::shared_ptr<Pd> pd, const QpInitAttr& init)
     : dev_(&dev), pd_(std::move(pd)), send_cq_(init.send_cq), recv_cq_(init.recv_cq),
-      srq_(init.srq), type_(init.qp_type), sq_sig_all_(init.sq_sig_all), cap_(init.cap),
+      srq_(init.srq), xrcd_(init.qp_type == QpType::kXrcRecv ? init.xrcd : nullptr),
+      type_(init.qp_type), sq_sig_all_(init.sq_sig_all), cap_(init.cap),
       sq_(init.cap.max_send_wr), rq_(init.srq ? 0 : init.cap.max_recv_wr) {
   if (srq_) {
     cap_.max_recv_wr = 0;
@@ -449,6 +474,7 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
       w.remote_qpn = wr.ud.remote_qpn & kPsnMask;
       w.remote_qkey = wr.ud.remote_qkey;
     }
+    w.xrc_srqn = type_ == QpType::kXrcSend ? (wr.xrc_remote_srqn & kPsnMask) : 0;
     w.bind = (m & kWrBindMask) ? wr.bind_mw : BindInfo{};
     w.flush_len = (m & kWrFlushMask) ? wr.flush.length : 0;
     w.flush_type = (m & kWrFlushMask) ? wr.flush.type : 0;
@@ -499,7 +525,9 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
 Status Qp::post_recv(const RecvWr* wrs, int n, int* bad) {
   std::lock_guard lk(recv_mu_);
   const QpState st = state();
-  if (destroyed_ || st == QpState::kReset || srq_) {
+  // XRC QPs have no receive queue: the initiator receives nothing, the target's SRQs are
+  // named per message.
+  if (destroyed_ || st == QpState::kReset || srq_ || is_xrc(type_)) {
     if (bad != nullptr) *bad = 0;
     return n > 0 ? Status(Errc::kInval) : Status::ok();
   }

@@ -36,6 +36,9 @@ struct QpInitAttr {
   std::shared_ptr<Cq> send_cq;
   std::shared_ptr<Cq> recv_cq;
   std::shared_ptr<Srq> srq;  // null = own RQ
+  // XRC_RECV (target) QPs: the domain they are created on (no PD, CQs, SQ or RQ). Ignored
+  // for other types.
+  std::shared_ptr<Xrcd> xrcd;
   QpCap cap;
   QpType qp_type = QpType::kRc;
   bool sq_sig_all = false;
@@ -107,6 +110,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
   const std::shared_ptr<Cq>& send_cq() const { return send_cq_; }
   const std::shared_ptr<Cq>& recv_cq() const { return recv_cq_; }
   const std::shared_ptr<Srq>& srq() const { return srq_; }
+  // XRC_RECV: the domain the target QP lives in (null for other types; such a QP has no PD).
+  const std::shared_ptr<Xrcd>& xrcd() const { return xrcd_; }
   bool sq_sig_all() const { return sq_sig_all_; }
   const QpCap& cap() const { return cap_; }  // actual caps (as returned by create)
   // UDP source port for this QP: 0xC000 + hash(QPN) mod 2^14 (rxe), fixed at create.
@@ -183,6 +188,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   std::shared_ptr<Pd> pd_;
   std::shared_ptr<Cq> send_cq_, recv_cq_;
   std::shared_ptr<Srq> srq_;
+  std::shared_ptr<Xrcd> xrcd_;
   QpType type_;
   bool sq_sig_all_;
   QpCap cap_;

@@ -5,8 +5,10 @@
 
 namespace rnic::emu {
 
-Srq::Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr)
-    : dev_(&dev), handle_(handle), pd_(std::move(pd)), attr_(attr), ring_(attr.max_wr) {
+Srq::Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr,
+         std::shared_ptr<Xrcd> xrcd, std::shared_ptr<Cq> cq)
+    : dev_(&dev), handle_(handle), pd_(std::move(pd)), xrcd_(std::move(xrcd)), cq_(std::move(cq)),
+      attr_(attr), ring_(attr.max_wr) {
   armed_ = attr.srq_limit != 0;
   relink_storage_locked();
 }

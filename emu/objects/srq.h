@@ -23,15 +23,27 @@ struct SrqAttr {
   uint32_t srq_limit = 0;
 };
 
+class Cq;
+
 // Thread-safe (internal mutex `mu_`). Lock order: a QP's receive lock may be held while
 // calling pop(); Srq never calls back into a QP.
 class Srq : public std::enable_shared_from_this<Srq> {
  public:
-  Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr);
+  // xrcd/cq: an XRC SRQ (IBV_SRQT_XRC) of that domain, completing into cq; both null for a
+  // basic SRQ.
+  Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr,
+      std::shared_ptr<Xrcd> xrcd = nullptr, std::shared_ptr<Cq> cq = nullptr);
   ~Srq();
 
   uint32_t handle() const { return handle_; }
+  // The SRQ number an XRC sender names in the XRCETH (ibv_get_srq_num): the handle, which
+  // Device keeps in 1..0xFFFFFF.
+  uint32_t srq_num() const { return handle_; }
   const std::shared_ptr<Pd>& pd() const { return pd_; }
+  bool is_xrc() const { return xrcd_ != nullptr; }
+  const std::shared_ptr<Xrcd>& xrcd() const { return xrcd_; }
+  // XRC: the CQ receive completions go to (a basic SRQ's go to the QP's receive CQ).
+  const std::shared_ptr<Cq>& cq() const { return cq_; }
   SrqAttr query() const;
 
   // ibv_post_srq_recv: validates every WR in order (num_sge <= max_sge else EINVAL; full
@@ -61,6 +73,8 @@ class Srq : public std::enable_shared_from_this<Srq> {
   Device* dev_;
   uint32_t handle_;
   std::shared_ptr<Pd> pd_;
+  std::shared_ptr<Xrcd> xrcd_;
+  std::shared_ptr<Cq> cq_;
   mutable std::mutex mu_;
   SrqAttr attr_;
   bool armed_ = false;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "emu/objects/counters.h"
@@ -14,6 +15,8 @@
 #include "wire/port.h"
 
 namespace rnic::emu {
+
+class Srq;
 
 // Requester state (req.cc). Guarded by the QP send lock.
 //
@@ -100,6 +103,9 @@ struct RespState {
   uint32_t res_next = 0;
   ReadReplay replay;
   uint32_t max_dest_rd_atomic = 0;
+  // XRC target: the SRQ the current (or last) message's XRCETH named, of the QP's own XRC
+  // domain (resp.cc check_xrc). Its PD checks memory, its WQEs and CQ take the receives.
+  std::shared_ptr<Srq> xrc_srq;
   wire::Endpoint dst;            // RC: where ACKs and responses go (the QP's AV)
   wire::IpUdpMeta meta;
 };

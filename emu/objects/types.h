@@ -14,7 +14,14 @@ enum class QpType : uint8_t {
   kRc = 2,  // IBV_QPT_RC
   kUc = 3,  // IBV_QPT_UC
   kUd = 4,  // IBV_QPT_UD
+  kXrcSend = 9,   // IBV_QPT_XRC_SEND: XRC initiator (an RC requester, no receive side)
+  kXrcRecv = 10,  // IBV_QPT_XRC_RECV: XRC target (an RC responder on an XRC domain, no SQ)
 };
+// RC and both XRC halves: acknowledged, PSN-sequenced, retransmitted (IBA 9.7).
+constexpr bool is_reliable(QpType t) {
+  return t == QpType::kRc || t == QpType::kXrcSend || t == QpType::kXrcRecv;
+}
+constexpr bool is_xrc(QpType t) { return t == QpType::kXrcSend || t == QpType::kXrcRecv; }
 
 // ibv_qp_state.
 enum class QpState : uint8_t {
@@ -244,6 +251,7 @@ inline constexpr uint32_t kDevCapRcRnrNakGen = 1u << 12;
 inline constexpr uint32_t kDevCapSrqResize = 1u << 13;
 inline constexpr uint32_t kDevCapNNotifyCq = 1u << 14;
 inline constexpr uint32_t kDevCapMemWindow = 1u << 17;
+inline constexpr uint32_t kDevCapXrc = 1u << 20;
 inline constexpr uint32_t kDevCapMemMgtExtensions = 1u << 21;
 inline constexpr uint32_t kDevCapMemWindowType2B = 1u << 24;
 

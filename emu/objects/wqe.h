@@ -63,6 +63,9 @@ struct SendWr {
     uint32_t remote_qpn = 0;
     uint32_t remote_qkey = 0;
   } ud;
+  // XRC initiator: the SRQ number at the target (ibv_send_wr.qp_type.xrc.remote_srqn,
+  // ibv_wr_set_xrc_srqn), carried in every request packet's XRCETH.
+  uint32_t xrc_remote_srqn = 0;
   BindInfo bind_mw;
   // FLUSH (rdma.remote_addr/rkey name the target): length, placement type (kFlush* bits),
   // selectivity level (kFlushRange / kFlushMr).
@@ -131,6 +134,7 @@ struct SendWqe {
   Av av;                      // UD only
   uint32_t remote_qpn = 0;    // UD only
   uint32_t remote_qkey = 0;   // UD only
+  uint32_t xrc_srqn = 0;      // XRC_SEND only: the target SRQ (XRCETH)
   BindInfo bind;              // BIND_MW only
   uint32_t num_sge = 0;
   Sge* sge = nullptr;

@@ -59,9 +59,10 @@ struct WrOpcodeInfo {
                                       // the QP type's transport class is OR'ed in
 };
 
-// Index of a QP type in WrOpcodeInfo::mask.
+// Index of a QP type in WrOpcodeInfo::mask. An XRC initiator sends what RC sends (minus
+// FLUSH and ATOMIC_WRITE, which have no XRC opcodes: wr_mask).
 constexpr int wr_qp_index(QpType t) {
-  return t == QpType::kRc ? 0 : t == QpType::kUc ? 1 : 2;
+  return (t == QpType::kRc || t == QpType::kXrcSend) ? 0 : t == QpType::kUc ? 1 : 2;
 }
 
 namespace wr_detail {
@@ -149,7 +150,11 @@ constexpr const WrOpcodeInfo& wr_opcode_info(WrOpcode op) {
 }
 
 // Facts of op on a QP of type t (0 = not valid there).
+// An XRC target has no send queue: nothing is valid on it.
 constexpr uint32_t wr_mask(QpType t, WrOpcode op) {
+  if (t == QpType::kXrcRecv) return 0;
+  if (t == QpType::kXrcSend && (op == WrOpcode::kFlush || op == WrOpcode::kAtomicWrite))
+    return 0;
   return wr_opcode_info(op).mask[wr_qp_index(t)];
 }
 constexpr bool wr_valid(QpType t, WrOpcode op) { return wr_mask(t, op) != 0; }
@@ -159,7 +164,7 @@ constexpr WcOpcode wc_opcode_for(WrOpcode op) { return wr_opcode_info(op).wc_opc
 
 // BTH transport class of a QP type in the opcode's top 3 bits (IBA 9.2 Table 38).
 constexpr uint8_t wr_transport_class_bits(QpType t) {
-  return t == QpType::kRc ? 0x00 : t == QpType::kUc ? 0x20 : 0x60;
+  return t == QpType::kRc ? 0x00 : t == QpType::kUc ? 0x20 : t == QpType::kXrcSend ? 0xa0 : 0x60;
 }
 
 // BTH opcode of the packet of op that is (first, last) in its message, on a QP of type t.

@@ -148,7 +148,7 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   if (c.retry_latched && psn_diff(c.psn, c.retry_latch_psn) >= 0) c.retry_latched = false;
   const uint64_t now = wire::monotonic_ns();
   const int32_t acked = psn_diff(c.psn, psn0);
-  if (qp.type() == QpType::kRc && acked > 0)
+  if (is_reliable(qp.type()) && acked > 0)
     win_on_progress(c.win, static_cast<uint32_t>(acked), c.psn, now);
   // Acknowledged past what a go-back was about to resend (the loss was a delay): resume at
   // the first unacknowledged PSN instead of resending acknowledged packets.
@@ -213,7 +213,7 @@ void comp_retire(Engine& e, Qp& qp) {
       (void)qp.complete_send_head_locked(st, wc_byte_len(qp, w));
       if (r.pos > 0) --r.pos;
       // Spec: a UC/UD send error takes the QP to SQE; RC to ERR (and remote errors too).
-      fail_qp(qp, qp.type() != QpType::kRc);
+      fail_qp(qp, !is_reliable(qp.type()));
       return;
     }
     break;
@@ -284,7 +284,7 @@ CompStep check_psn(Qp& qp, const Resp& k) {
 }
 
 CompStep check_ack(const Resp& k) {
-  if (k.p.opcode == op::kRcAcknowledge)
+  if (wire::rc_equivalent(k.p.opcode) == op::kRcAcknowledge)
     return aeth::is_ack(k.p.aeth().syndrome()) ? CompStep::kWriteSend : CompStep::kImplicitAck;
   // READ responses and ATOMIC ACKs acknowledge every request before them.
   if (k.p.has(wire::kAckMask)) return CompStep::kImplicitAck;
@@ -301,7 +301,7 @@ CompStep write_send(Engine& e, Qp& qp, Resp& k) {
 CompStep implicit_ack(Engine& e, Qp& qp, Resp& k) {
   bool lost = false;  // an unanswered READ/ATOMIC before a NAK is not a loss
   k.progress = ack_through(e, qp, psn_add(k.psn, wire::kPsnMask), &lost);
-  if (k.p.opcode != op::kRcAcknowledge) return CompStep::kGetWqe;
+  if (wire::rc_equivalent(k.p.opcode) != op::kRcAcknowledge) return CompStep::kGetWqe;
   const uint8_t syn = k.p.aeth().syndrome();
   if (aeth::is_rnr_nak(syn)) return CompStep::kRnrRetry;
   if (aeth::is_nak(syn)) return CompStep::kNak;
@@ -355,7 +355,7 @@ CompStep get_wqe(Qp& qp, Resp& k) {
   int i = first_active(qp);
   if (i < 0) return CompStep::kUpdateComp;
   SendWqe& w = qp.sq().at(static_cast<uint32_t>(i));
-  const bool is_atomic_ack = k.p.opcode == op::kRcAtomicAcknowledge;
+  const bool is_atomic_ack = wire::rc_equivalent(k.p.opcode) == op::kRcAtomicAcknowledge;
   // A READ response answers a READ, or (zero-length, RESPONSE_ONLY) an ATOMIC_WRITE / FLUSH.
   if (!(facts(qp, w) & (is_atomic_ack ? kWrAtomicMask : (kWrReadMask | kWrEmptyReadRespMask))))
     return CompStep::kUpdateComp;
@@ -370,7 +370,8 @@ CompStep check_seq(Engine& e, Qp& qp, Resp& k) {
     latch_retry(e, qp, k);  // a response is missing (psn > comp psn)
     return CompStep::kUpdateComp;
   }
-  return k.p.opcode == op::kRcAtomicAcknowledge ? CompStep::kAtomic : CompStep::kRead;
+  return wire::rc_equivalent(k.p.opcode) == op::kRcAtomicAcknowledge ? CompStep::kAtomic
+                                                                     : CompStep::kRead;
 }
 
 // The READ/ATOMIC WQE k.wqe is answered in full.
@@ -400,7 +401,7 @@ CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
   if (facts(qp, w) & kWrEmptyReadRespMask) {
     // ATOMIC_WRITE / FLUSH: done by a zero-length RDMA READ RESPONSE ONLY (rxe
     // send_read_response_ack); anything else is dropped (the retry timer recovers).
-    if (k.p.opcode != op::kRcRdmaReadResponseOnly || k.p.payload_len != 0)
+    if (wire::rc_equivalent(k.p.opcode) != op::kRcRdmaReadResponseOnly || k.p.payload_len != 0)
       return CompStep::kUpdateComp;
     rd_atomic_done(qp, w);
     qp.comp_.psn = psn_add(k.psn, 1);
@@ -428,7 +429,7 @@ CompStep read_resp(Engine& e, Qp& qp, Resp& k) {
 }  // namespace
 
 void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
-  if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
+  if (!qp.req_.ready || qp.comp_.dead || !is_reliable(qp.type())) return;
   Resp k{p, p.bth().psn()};
   const uint32_t psn0 = qp.comp_.psn;
   const bool trace = base::log_enabled(base::LogLevel::kTrace);  // one branch per packet off
@@ -545,7 +546,7 @@ void comp_arm_retrans(Engine& e, Qp& qp, uint64_t now_ns) {
 }
 
 void comp_on_cnp(Engine& e, Qp& qp) {
-  if (!qp.req_.ready || qp.comp_.dead || qp.type() != QpType::kRc) return;
+  if (!qp.req_.ready || qp.comp_.dead || !is_reliable(qp.type())) return;
   window_cut(e, qp, false);
 }
 

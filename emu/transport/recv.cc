@@ -47,11 +47,14 @@ RawBth raw_bth(std::span<const uint8_t> roce) {
   return r;
 }
 
-bool type_matches(QpType t, uint8_t opcode) {
+// XRC: requests go to the target (XRC_RECV), responses to the initiator (XRC_SEND).
+bool type_matches(QpType t, uint8_t opcode, bool is_req) {
   switch (t) {
     case QpType::kRc: return wire::is_rc(opcode);
     case QpType::kUc: return wire::is_uc(opcode);
     case QpType::kUd: return wire::is_ud(opcode);
+    case QpType::kXrcSend: return wire::is_xrc(opcode) && !is_req;
+    case QpType::kXrcRecv: return wire::is_xrc(opcode) && is_req;
   }
   return false;
 }
@@ -232,7 +235,7 @@ bool qp_accepts(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView
   const bool state_ok = is_req ? (st == QpState::kRtr || st == QpState::kRts ||
                                   st == QpState::kSqd || st == QpState::kSqe)
                                : (st == QpState::kRts || st == QpState::kSqd);
-  if (!type_matches(qp.type(), p.opcode)) {
+  if (!type_matches(qp.type(), p.opcode, is_req)) {
     bump(qc, dc, Ctr::kDropBadState);
     RNIC_PKT_LOG_D("drop", "opcode is not for a QP of type", qp_type_name(qp.type()),
                    Ctr::kDropBadState, d.src, qpn, p.opcode, bth.psn());
@@ -303,7 +306,7 @@ void on_cnp(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::PacketView& p)
   qc.add(Ctr::kCnpRcvd);  // (the device counter: recv_packet)
   RNIC_TRACE("rx: CNP from %s for qpn 0x%x", EndpointText(d.src).c_str(), p.bth().dest_qp());
   std::lock_guard lk(qp.send_mutex());
-  if (qp.comp_.dead || qp.type() != QpType::kRc) return;
+  if (qp.comp_.dead || !is_reliable(qp.type()) || qp.type() == QpType::kXrcRecv) return;
   const AddrCheck a = addr_ok(e, qp, d);
   if (a != AddrCheck::kOk && a != AddrCheck::kOkUnlatched) {
     count_addr_drop(a, qc, dc, d, p);

@@ -320,6 +320,7 @@ void build_packet(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
   // being re-sent cannot shift the PSNs of the ones behind it.
   k.psn = psn_add(w.first_psn, static_cast<uint32_t>(w.offset / x.r.mtu));
   k.f.psn = k.psn;
+  k.f.xrc_srqn = w.xrc_srqn;  // XRCETH (XRC requests only; ignored by other opcodes)
   if (m & kWrReadMask) {
     fill_read(x, w, k);
   } else if (m & kWrAtomicMask) {
@@ -409,7 +410,7 @@ void req_run(Engine& e, Qp& qp) {
   if (r.rnr_wait) return;
 
   // Packets already in the thread's batch belong to an outer caller; we flush ours only.
-  ReqRun x{e, qp, r, c, e.device(), qp.type(), qp.type() == QpType::kRc, st, e.tx_batch(),
+  ReqRun x{e, qp, r, c, e.device(), qp.type(), is_reliable(qp.type()), st, e.tx_batch(),
            e.port().local()};
   Ring<SendWqe>& sq = qp.sq();
   while (r.pos < sq.size()) {
@@ -432,7 +433,7 @@ void req_run(Engine& e, Qp& qp) {
 void req_probe(Engine& e, Qp& qp) {
   ReqState& r = qp.req_;
   CompState& c = qp.comp_;
-  if (!r.ready || c.dead || qp.type() != QpType::kRc) return;
+  if (!r.ready || c.dead || !is_reliable(qp.type())) return;
   const QpState st = qp.state();
   if (st != QpState::kRts && st != QpState::kSqd) return;
   Ring<SendWqe>& sq = qp.sq();

@@ -89,6 +89,23 @@ Step refuse(const Pkt& k, Step err, const char* why, RkeyResult rk = RkeyResult:
 
 Counters& dctr(Engine& e) { return e.counters(); }
 
+// The receive side a request lands on. RC/UC/UD: the QP's PD, SRQ (or RQ) and receive CQ.
+// XRC target: those of the XRC SRQ the XRCETH named (IBA 11.2.5.4: the SRQ's PD protects
+// the data, its CQ takes the completions).
+Pd* resp_pd(const Qp& qp) {
+  if (qp.type() != QpType::kXrcRecv) return qp.pd().get();
+  const auto& x = qp.resp_.xrc_srq;
+  return x ? x->pd().get() : nullptr;
+}
+Srq* resp_srq(const Qp& qp) {
+  return qp.type() == QpType::kXrcRecv ? qp.resp_.xrc_srq.get() : qp.srq().get();
+}
+Cq* resp_cq(const Qp& qp) {
+  if (qp.type() != QpType::kXrcRecv) return qp.recv_cq().get();
+  const auto& x = qp.resp_.xrc_srq;
+  return x ? x->cq().get() : nullptr;
+}
+
 // ---- output ----
 
 void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
@@ -98,7 +115,15 @@ void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* pa
   TxBatch& tx = e.rx_batch();
   if (tx.full()) e.flush(tx);
   uint8_t* buf = tx.next();
-  const size_t hl = wire::write_roce_headers(buf, f, plen);
+  size_t hl;
+  if (qp.type() == QpType::kXrcRecv) {
+    // An XRC target answers with the XRC twins of RC's responses (0xA0 | op, no XRCETH).
+    wire::PacketFields xf = f;
+    xf.opcode = static_cast<uint8_t>(op::kXrcBase | f.opcode);
+    hl = wire::write_roce_headers(buf, xf, plen);
+  } else {
+    hl = wire::write_roce_headers(buf, f, plen);
+  }
   if (plen > 0) {
     if (mem != nullptr) {
       if (!mem->read(host, buf + hl, plen)) {
@@ -202,7 +227,7 @@ bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va
       continue;
     }
     RemoteTarget t;
-    RkeyResult rk = check_remote(dev.keys(), rkey, qp.pd().get(), qp.qpn(), va + uint64_t{i} * mtu,
+    RkeyResult rk = check_remote(dev.keys(), rkey, resp_pd(qp), qp.qpn(), va + uint64_t{i} * mtu,
                                  plen, kAccessRemoteRead, &t);
     bool ok = rk == RkeyResult::kOk;
     if (ok) {
@@ -319,8 +344,8 @@ void send_empty_read_resp(Engine& e, Qp& qp, uint32_t psn, uint32_t msn) {
 // Takes the next receive WQE (SRQ or own RQ) into s.wqe / s.sges.
 bool take_wqe(Qp& qp) {
   RespState& s = qp.resp_;
-  if (qp.srq()) {
-    if (!qp.srq()->pop(&s.wqe, s.sges)) return false;
+  if (Srq* srq = resp_srq(qp)) {
+    if (!srq->pop(&s.wqe, s.sges)) return false;
   } else {
     Ring<RecvWqe>& rq = qp.rq();
     if (rq.empty()) return false;
@@ -354,7 +379,7 @@ void complete_held_error(Qp& qp, WcStatus st) {
   RespState& s = qp.resp_;
   if (!s.have_wqe) return;
   Cqe c = recv_cqe(qp, st);
-  if (qp.recv_cq()) (void)qp.recv_cq()->push(c);
+  if (Cq* cq = resp_cq(qp)) (void)cq->push(c);
   s.have_wqe = false;
   s.cur = RespState::kNone;
 }
@@ -406,6 +431,24 @@ Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
   }
   if (d < 0) return Step::kDuplicate;
   s.nak_sent = false;
+  return Step::kCheckOpSeq;
+}
+
+// XRC target (IBA 9.3.6 / 11.2.5.4): the XRCETH must name an XRC SRQ of the QP's own XRC
+// domain, the same one for every packet of a message; else Invalid Request NAK.
+Step check_xrc(Engine& e, Qp& qp, const Pkt& k) {
+  if (qp.type() != QpType::kXrcRecv) return Step::kCheckOpSeq;
+  RespState& s = qp.resp_;
+  const uint32_t n = k.p.xrceth().srqn();
+  if (s.xrc_srq && s.xrc_srq->srq_num() == n) return Step::kCheckOpSeq;
+  if (s.cur != RespState::kNone)
+    return refuse(k, Step::kErrInvReq, "XRCETH changed its SRQ in the middle of a message");
+  std::shared_ptr<Srq> srq = e.device().find_srq(n);
+  if (!srq || !srq->is_xrc())
+    return refuse(k, Step::kErrInvReq, "XRCETH names no XRC SRQ");
+  if (srq->xrcd() != qp.xrcd())
+    return refuse(k, Step::kErrInvReq, "XRCETH names an SRQ of another XRC domain");
+  s.xrc_srq = std::move(srq);
   return Step::kCheckOpSeq;
 }
 
@@ -554,7 +597,7 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     // The whole message is validated before its first byte lands, so a failing message
     // changes nothing — not even the in-range part of its first packet (S05).
     if (reth.dma_len() > 0) {
-      RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
+      RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(),
                                   reth.dma_len(), kAccessRemoteWrite, nullptr);
       if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "WRITE refused by rkey check:", r);
     }
@@ -565,20 +608,20 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
   } else if (k.mask & wire::kReadMask) {
     const auto reth = k.p.reth();
     if (reth.dma_len() > 0) {
-      RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(),
+      RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(),
                                   reth.dma_len(), kAccessRemoteRead, nullptr);
       if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "READ refused by rkey check:", r);
     }
   } else if (k.mask & wire::kAtomicMask) {
     const auto a = k.p.atomic_eth();
-    RkeyResult r = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
+    RkeyResult r = check_remote(dev.keys(), a.rkey(), resp_pd(qp), qp.qpn(), a.va(), 8,
                                 kAccessRemoteAtomic, nullptr);
     if (r == RkeyResult::kMisaligned)  // S08
       return refuse(k, Step::kErrInvReq, "ATOMIC address not 8-byte aligned");
     if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", r);
   } else if (k.mask & wire::kAtomicWriteMask) {
     const auto reth = k.p.reth();
-    RkeyResult r = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(), 8,
+    RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(), 8,
                                 kAccessRemoteWrite, nullptr);
     if (r != RkeyResult::kOk)
       return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", r);
@@ -588,7 +631,7 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     uint64_t va = 0, len = 0;
     RkeyResult r = flush_target(dev, qp, k, &va, &len);
     if (r == RkeyResult::kOk)
-      r = check_remote(dev.keys(), k.p.reth().rkey(), qp.pd().get(), qp.qpn(), va, len,
+      r = check_remote(dev.keys(), k.p.reth().rkey(), resp_pd(qp), qp.qpn(), va, len,
                        flush_access(k.p.feth().plt()), nullptr);
     if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", r);
   }
@@ -610,7 +653,7 @@ Step execute_send(Engine& e, Qp& qp, const Pkt& k) {
   constexpr const char* kShort = "SEND longer than the receive WQE";
   if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
   if (k.plen > 0) {
-    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
+    WcStatus st = scatter_sges(dev, resp_pd(qp), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
                                k.p.payload, k.plen, &qp.comp_.ctr, &dctr(e));
     if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
     if (st != WcStatus::kSuccess)
@@ -629,7 +672,7 @@ Step execute_write(Engine& e, Qp& qp, const Pkt& k) {
   if (k.plen > 0) {
     // Re-validated for every packet: an invalidation between packets stops the rest.
     RemoteTarget t;
-    RkeyResult r = check_remote(dev.keys(), s.w_rkey, qp.pd().get(), qp.qpn(), s.w_va, k.plen,
+    RkeyResult r = check_remote(dev.keys(), s.w_rkey, resp_pd(qp), qp.qpn(), s.w_va, k.plen,
                                 kAccessRemoteWrite, &t);
     if (r != RkeyResult::kOk)
       return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
@@ -678,12 +721,12 @@ Step execute_atomic(Engine& e, Qp& qp, const Pkt& k) {
   Device& dev = e.device();
   const auto a = k.p.atomic_eth();
   RemoteTarget t;
-  RkeyResult rk = check_remote(dev.keys(), a.rkey(), qp.pd().get(), qp.qpn(), a.va(), 8,
+  RkeyResult rk = check_remote(dev.keys(), a.rkey(), resp_pd(qp), qp.qpn(), a.va(), 8,
                                kAccessRemoteAtomic, &t);
   if (rk != RkeyResult::kOk)
     return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", rk);
   uint64_t orig = 0;
-  bool ok = k.p.opcode == op::kRcCompareSwap
+  bool ok = wire::rc_equivalent(k.p.opcode) == op::kRcCompareSwap
                 ? dev.mem().atomic_cas64(t.host_addr, a.compare(), a.swap_add(), &orig)
                 : dev.mem().atomic_faa64(t.host_addr, a.swap_add(), &orig);
   if (!ok) {
@@ -724,7 +767,7 @@ Step execute_atomic_write(Engine& e, Qp& qp, const Pkt& k) {
   Device& dev = e.device();
   const auto reth = k.p.reth();
   RemoteTarget t;
-  RkeyResult rk = check_remote(dev.keys(), reth.rkey(), qp.pd().get(), qp.qpn(), reth.va(), 8,
+  RkeyResult rk = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(), 8,
                                kAccessRemoteWrite, &t);
   if (rk != RkeyResult::kOk)
     return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", rk);
@@ -747,7 +790,7 @@ Step execute_flush(Engine& e, Qp& qp, const Pkt& k) {
   RkeyResult rk = flush_target(dev, qp, k, &va, &len);
   RemoteTarget t;
   if (rk == RkeyResult::kOk)
-    rk = check_remote(dev.keys(), k.p.reth().rkey(), qp.pd().get(), qp.qpn(), va, len,
+    rk = check_remote(dev.keys(), k.p.reth().rkey(), resp_pd(qp), qp.qpn(), va, len,
                       flush_access(k.p.feth().plt()), &t);
   if (rk != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", rk);
   // A full barrier as a seq_cst read-modify-write (a locked instruction on x86), which
@@ -801,7 +844,7 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
       c.status = WcStatus::kRemInvReqErr;
       next = refuse(k, Step::kErrInvalidate,
                     "SEND_WITH_INV names a type-2 window bound to another QP");
-    } else if (remote_invalidate(e.device(), qp.pd().get(), rkey)) {
+    } else if (remote_invalidate(e.device(), resp_pd(qp), rkey)) {
       c.wc_flags |= kWcWithInv;
       c.imm_data = rkey;
     } else {
@@ -812,7 +855,7 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
   s.have_wqe = false;
   s.msn = psn_add(s.msn, 1);
   const bool se = k.p.bth().se();
-  if (qp.recv_cq() && !qp.recv_cq()->push(c, se))
+  if (Cq* cq = resp_cq(qp); cq != nullptr && !cq->push(c, se))
     return refuse(k, Step::kErrCqOverflow, "receive CQ overflow");
   return next;
 }
@@ -820,7 +863,7 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
 Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   s.epsn = psn_add(k.psn, 1);
-  if (qp.type() != QpType::kRc) return Step::kDone;
+  if (!is_reliable(qp.type())) return Step::kDone;
   if (k.p.bth().ack_req()) {
     defer_ack(e, qp, k.psn);
   } else {
@@ -930,10 +973,10 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
   if (40 + uint64_t{k.plen} > s.wqe.length) {
     c.status = WcStatus::kLocLenErr;
   } else {
-    WcStatus st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 0, grh.data(), 40,
+    WcStatus st = scatter_sges(dev, resp_pd(qp), s.wqe.sge, s.wqe.num_sge, 0, grh.data(), 40,
                                &qp.comp_.ctr, &dctr(e));
     if (st == WcStatus::kSuccess && k.plen > 0)
-      st = scatter_sges(dev, qp.pd().get(), s.wqe.sge, s.wqe.num_sge, 40, k.p.payload, k.plen,
+      st = scatter_sges(dev, resp_pd(qp), s.wqe.sge, s.wqe.num_sge, 40, k.p.payload, k.plen,
                         &qp.comp_.ctr, &dctr(e));
     if (st != WcStatus::kSuccess) c.status = st;
   }
@@ -1061,7 +1104,10 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
                k.psn, s.epsn, step_name(st));
     switch (st) {
       case Step::kCheckPsn: st = check_psn(e, qp, k); break;
-      case Step::kCheckOpSeq: st = check_op_seq(qp, k); break;
+      case Step::kCheckOpSeq:
+        st = check_xrc(e, qp, k);
+        if (st == Step::kCheckOpSeq) st = check_op_seq(qp, k);
+        break;
       case Step::kCheckOpValid: st = check_op_valid(qp, k); break;
       case Step::kCheckResource: st = check_resource(qp, k); break;
       case Step::kCheckLength: st = check_length(e, qp, k); break;

@@ -60,6 +60,30 @@ const std::vector<Expected> kExpected = {
     {op::kUdSendOnly, "UD_SEND_ONLY", 20},
     {op::kUdSendOnlyWithImm, "UD_SEND_ONLY_WITH_IMMEDIATE", 24},
     {op::kCnp, "CNP", 28},
+    // XRC (IBA Table 38): RC's rows at 0xA0 | op; requests carry the 4-byte XRCETH.
+    {0xa0, "XRC_SEND_FIRST", 16},
+    {0xa1, "XRC_SEND_MIDDLE", 16},
+    {0xa2, "XRC_SEND_LAST", 16},
+    {0xa3, "XRC_SEND_LAST_WITH_IMMEDIATE", 20},
+    {0xa4, "XRC_SEND_ONLY", 16},
+    {0xa5, "XRC_SEND_ONLY_WITH_IMMEDIATE", 20},
+    {0xa6, "XRC_RDMA_WRITE_FIRST", 32},
+    {0xa7, "XRC_RDMA_WRITE_MIDDLE", 16},
+    {0xa8, "XRC_RDMA_WRITE_LAST", 16},
+    {0xa9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", 20},
+    {0xaa, "XRC_RDMA_WRITE_ONLY", 32},
+    {0xab, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", 36},
+    {0xac, "XRC_RDMA_READ_REQUEST", 32},
+    {0xad, "XRC_RDMA_READ_RESPONSE_FIRST", 16},
+    {0xae, "XRC_RDMA_READ_RESPONSE_MIDDLE", 12},
+    {0xaf, "XRC_RDMA_READ_RESPONSE_LAST", 16},
+    {0xb0, "XRC_RDMA_READ_RESPONSE_ONLY", 16},
+    {0xb1, "XRC_ACKNOWLEDGE", 16},
+    {0xb2, "XRC_ATOMIC_ACKNOWLEDGE", 24},
+    {0xb3, "XRC_COMPARE_SWAP", 44},
+    {0xb4, "XRC_FETCH_ADD", 44},
+    {0xb6, "XRC_SEND_LAST_WITH_INVALIDATE", 20},
+    {0xb7, "XRC_SEND_ONLY_WITH_INVALIDATE", 20},
 };
 
 TEST(OpcodeTest, OpcodeValuesMatchIba) {
@@ -74,6 +98,9 @@ TEST(OpcodeTest, OpcodeValuesMatchIba) {
   EXPECT_EQ(op::kUdSendOnly, 0x64);
   EXPECT_EQ(op::kUdSendOnlyWithImm, 0x65);
   EXPECT_EQ(op::kCnp, 0x81);
+  EXPECT_EQ(op::kXrcSendFirst, 0xa0);
+  EXPECT_EQ(op::kXrcAcknowledge, 0xb1);
+  EXPECT_EQ(op::kXrcSendOnlyWithInv, 0xb7);
 }
 
 TEST(OpcodeTest, EveryExpectedOpcodeHasItsRow) {
@@ -96,7 +123,7 @@ TEST(OpcodeTest, NothingElseIsValid) {
     EXPECT_EQ(info.mask, 0u) << i;
     EXPECT_FALSE(opcode_valid(static_cast<uint8_t>(i))) << i;
   }
-  EXPECT_EQ(expected.size(), 40u);
+  EXPECT_EQ(expected.size(), 63u);
 }
 
 TEST(OpcodeTest, RowsAreSelfConsistent) {
@@ -105,6 +132,7 @@ TEST(OpcodeTest, RowsAreSelfConsistent) {
       {kAtmEthMask, {kHdrAtmEth, kAtomicEthBytes}}, {kAtmAckMask, {kHdrAtmAck, kAtomicAckEthBytes}},
       {kIethMask, {kHdrIeth, kIethBytes}},       {kDethMask, {kHdrDeth, kDethBytes}},
       {kImmMask, {kHdrImmDt, kImmDtBytes}},      {kFethMask, {kHdrFeth, kFethBytes}},
+      {kXrcEthMask, {kHdrXrcEth, kXrcEthBytes}},
   };
   for (const auto& e : kExpected) {
     const OpcodeInfo& info = opcode_info(e.opcode);
