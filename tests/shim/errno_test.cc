@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -393,10 +395,6 @@ TEST_F(ErrnoTest, AddressHandle) {
 }
 
 TEST_F(ErrnoTest, UnsupportedVerbs) {
-  ibv_xrcd_init_attr xa{};
-  errno = 0;
-  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
   ibv_alloc_dm_attr dm{};
   dm.length = 64;
   errno = 0;
@@ -421,6 +419,314 @@ TEST_F(ErrnoTest, UnsupportedVerbs) {
   v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
   EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
   EXPECT_TRUE(v.raw_clock.tv_sec != 0 || v.raw_clock.tv_nsec != 0);
+}
+
+// ---- XRC (issue 14): each new verb's bad input gives the errno rdma-core 44 gives (libibverbs
+// ibv_cmd_* checks, then the kernel's), with errno set.
+
+// A temporary file whose inode names an XRC domain; removed at destruction.
+struct XrcFile {
+  XrcFile() {
+    char t[] = "/tmp/softrnic-xrcd-XXXXXX";
+    fd = mkstemp(t);
+    path = t;
+  }
+  ~XrcFile() {
+    if (fd >= 0) close(fd);
+    unlink(path.c_str());
+  }
+  int fd = -1;
+  std::string path;
+};
+
+ibv_xrcd* open_xrcd(ibv_context* ctx, int fd, int oflags) {
+  ibv_xrcd_init_attr xa{};
+  xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  xa.fd = fd;
+  xa.oflags = oflags;
+  return ibv_open_xrcd(ctx, &xa);
+}
+
+ibv_srq* make_xrc_srq(ibv_context* ctx, ibv_pd* pd, ibv_xrcd* xrcd, ibv_cq* cq,
+                      uint32_t max_wr = 4) {
+  ibv_srq_init_attr_ex a{};
+  a.attr.max_wr = max_wr;
+  a.attr.max_sge = 1;
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                IBV_SRQ_INIT_ATTR_PD;
+  a.srq_type = IBV_SRQT_XRC;
+  a.xrcd = xrcd;
+  a.cq = cq;
+  a.pd = pd;
+  return ibv_create_srq_ex(ctx, &a);
+}
+
+ibv_qp* make_xrc_tgt(ibv_context* ctx, ibv_xrcd* xrcd) {
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = IBV_QPT_XRC_RECV;
+  a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+  a.xrcd = xrcd;
+  return ibv_create_qp_ex(ctx, &a);
+}
+
+TEST_F(ErrnoTest, XrcdOpenCloseFileSemantics) {
+  ibv_xrcd_init_attr xa{};
+  errno = 0;
+  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);  // FD and OFLAGS are required
+  EXPECT_EQ(errno, EINVAL);
+  xa.comp_mask = IBV_XRCD_INIT_ATTR_RESERVED | IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  xa.fd = -1;
+  errno = 0;
+  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);  // unknown comp_mask bit
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  errno = 0;
+  EXPECT_EQ(open_xrcd(ctx_, 9999, O_CREAT), nullptr);  // not a file descriptor
+  EXPECT_EQ(errno, EBADF);
+  XrcFile f;
+  ASSERT_GE(f.fd, 0);
+  errno = 0;
+  EXPECT_EQ(open_xrcd(ctx_, f.fd, 0), nullptr);  // no domain for this inode and no O_CREAT
+  EXPECT_EQ(errno, EAGAIN);
+  ibv_xrcd* a = open_xrcd(ctx_, f.fd, O_CREAT);
+  ASSERT_NE(a, nullptr) << strerror(errno);
+  EXPECT_EQ(a->context, ctx_);
+  // The same file (another descriptor of it) opens the same domain; O_EXCL refuses it.
+  int fd2 = open(f.path.c_str(), O_RDONLY);
+  ASSERT_GE(fd2, 0);
+  errno = 0;
+  EXPECT_EQ(open_xrcd(ctx_, fd2, O_CREAT | O_EXCL), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_xrcd* b = open_xrcd(ctx_, fd2, 0);
+  ASSERT_NE(b, nullptr) << strerror(errno);
+  // Shared: a target QP created through one handle opens through the other.
+  ibv_qp* tgt = make_xrc_tgt(ctx_, a);
+  ASSERT_NE(tgt, nullptr) << strerror(errno);
+  ibv_qp_open_attr oa{};
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  oa.qp_num = tgt->qp_num;
+  oa.xrcd = b;
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* opened = ibv_open_qp(ctx_, &oa);
+  ASSERT_NE(opened, nullptr) << strerror(errno);
+  EXPECT_EQ(opened->qp_num, tgt->qp_num);
+  EXPECT_EQ(ibv_destroy_qp(opened), 0);
+  EXPECT_EQ(ibv_destroy_qp(tgt), 0);
+  EXPECT_EQ(ibv_close_xrcd(b), 0);
+  EXPECT_EQ(ibv_close_xrcd(a), 0);
+  // The last close freed the domain: O_EXCL creates a new one now.
+  ibv_xrcd* c = open_xrcd(ctx_, fd2, O_CREAT | O_EXCL);
+  ASSERT_NE(c, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_close_xrcd(c), 0);
+  close(fd2);
+  // fd -1: a private domain each time.
+  ibv_xrcd* p1 = open_xrcd(ctx_, -1, O_CREAT | O_EXCL);
+  ibv_xrcd* p2 = open_xrcd(ctx_, -1, O_CREAT | O_EXCL);
+  ASSERT_NE(p1, nullptr);
+  ASSERT_NE(p2, nullptr);
+  EXPECT_EQ(ibv_close_xrcd(p1), 0);
+  EXPECT_EQ(ibv_close_xrcd(p2), 0);
+  // The device reports XRC.
+  ibv_device_attr da{};
+  ASSERT_EQ(ibv_query_device(ctx_, &da), 0);
+  EXPECT_NE(da.device_cap_flags & IBV_DEVICE_XRC, 0u);
+}
+
+TEST_F(ErrnoTest, XrcSrqBadInput) {
+  ibv_xrcd* x = open_xrcd(ctx_, -1, O_CREAT);
+  ASSERT_NE(x, nullptr) << strerror(errno);
+  ibv_srq_init_attr_ex a{};
+  a.attr.max_wr = 4;
+  a.attr.max_sge = 1;
+  a.srq_type = IBV_SRQT_XRC;
+  a.pd = pd_;
+  a.xrcd = x;
+  a.cq = cq_;
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);  // XRC without its domain
+  EXPECT_EQ(errno, EINVAL);
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);  // XRC without its CQ
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_xrc_srq(ctx_, pd_, x, cq_, 1u << 30), nullptr);  // too large
+  EXPECT_EQ(errno, EINVAL);
+  // Wrong domain: the XRCD, CQ or PD of another context.
+  ibv_device** list = ibv_get_device_list(nullptr);
+  ASSERT_NE(list, nullptr);
+  ibv_context* other = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  ASSERT_NE(other, nullptr);
+  ibv_xrcd* ox = open_xrcd(other, -1, O_CREAT);
+  ibv_cq* ocq = ibv_create_cq(other, 4, nullptr, nullptr, 0);
+  ASSERT_NE(ox, nullptr);
+  ASSERT_NE(ocq, nullptr);
+  errno = 0;
+  EXPECT_EQ(make_xrc_srq(ctx_, pd_, ox, cq_), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_xrc_srq(ctx_, pd_, x, ocq), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_xrc_tgt(ctx_, ox), nullptr);  // target QP on another context's domain
+  EXPECT_EQ(errno, EINVAL);
+  // ibv_get_srq_num: XRC SRQs have one, a basic SRQ does not.
+  ibv_srq* xs = make_xrc_srq(ctx_, pd_, x, cq_);
+  ASSERT_NE(xs, nullptr) << strerror(errno);
+  uint32_t num = 0;
+  EXPECT_EQ(ibv_get_srq_num(xs, &num), 0);
+  EXPECT_NE(num, 0u);
+  EXPECT_LE(num, 0xffffffu);
+  ibv_srq* basic = make_srq();
+  ASSERT_NE(basic, nullptr);
+  errno = 0;
+  EXPECT_EQ(ibv_get_srq_num(basic, &num), EOPNOTSUPP);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // An XRC SRQ takes no RC QP (wrong type); the domain is busy while the SRQ lives.
+  errno = 0;
+  EXPECT_EQ(make_qp(IBV_QPT_RC, xs), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_close_xrcd(x), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  EXPECT_EQ(ibv_destroy_srq(basic), 0);
+  EXPECT_EQ(ibv_destroy_srq(xs), 0);
+  EXPECT_EQ(ibv_close_xrcd(x), 0);
+  EXPECT_EQ(ibv_destroy_cq(ocq), 0);
+  EXPECT_EQ(ibv_close_xrcd(ox), 0);
+  EXPECT_EQ(ibv_close_device(other), 0);
+}
+
+TEST_F(ErrnoTest, XrcQpBadInput) {
+  ibv_xrcd* x = open_xrcd(ctx_, -1, O_CREAT);
+  ibv_xrcd* y = open_xrcd(ctx_, -1, O_CREAT);
+  ASSERT_NE(x, nullptr);
+  ASSERT_NE(y, nullptr);
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = IBV_QPT_XRC_RECV;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = pd_;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);  // a target QP needs its XRC domain
+  EXPECT_EQ(errno, EINVAL);
+  ibv_qp_init_attr ia{};
+  ia.qp_type = IBV_QPT_XRC_RECV;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &ia), nullptr);  // ibv_create_qp has no domain to give
+  EXPECT_EQ(errno, EINVAL);
+  // XRC_SEND: PD and send CQ required, caps bounded.
+  a = {};
+  a.qp_type = IBV_QPT_XRC_SEND;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = pd_;
+  a.cap.max_send_wr = 4;
+  a.cap.max_send_sge = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  a.send_cq = cq_;
+  a.cap.max_send_wr = 1u << 30;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  a.cap.max_send_wr = 4;
+  ibv_qp* ini = ibv_create_qp_ex(ctx_, &a);
+  ASSERT_NE(ini, nullptr) << strerror(errno);
+  EXPECT_EQ(ini->qp_type, IBV_QPT_XRC_SEND);
+  ibv_recv_wr rw{};
+  ibv_recv_wr* bad_r = nullptr;
+  errno = 0;
+  EXPECT_EQ(ibv_post_recv(ini, &rw, &bad_r), EINVAL);  // no receive queue
+  EXPECT_EQ(bad_r, &rw);
+  ibv_qp* tgt = make_xrc_tgt(ctx_, x);
+  ASSERT_NE(tgt, nullptr) << strerror(errno);
+  EXPECT_EQ(tgt->pd, nullptr);
+  EXPECT_EQ(tgt->send_cq, nullptr);
+  EXPECT_EQ(tgt->qp_type, IBV_QPT_XRC_RECV);
+  // The target's transitions: RESET -> INIT as RC; INIT -> RTR requires the responder's
+  // max_dest_rd_atomic and min_rnr_timer (the initiator's does not).
+  ibv_qp_attr m{};
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = 1;
+  m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_EQ(ibv_modify_qp(tgt, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  ASSERT_EQ(ibv_modify_qp(ini, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  m = {};
+  m.qp_state = IBV_QPS_RTR;
+  m.path_mtu = IBV_MTU_1024;
+  m.dest_qp_num = 0x123;
+  m.ah_attr.is_global = 1;
+  m.ah_attr.port_num = 1;
+  ASSERT_EQ(ibv_query_gid(ctx_, 1, 0, &m.ah_attr.grh.dgid), 0);
+  const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  errno = 0;
+  EXPECT_EQ(ibv_modify_qp(tgt, &m, rtr), EINVAL);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_modify_qp(ini, &m, rtr), 0);
+  EXPECT_EQ(ibv_modify_qp(tgt, &m, rtr | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), 0);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(tgt, &q, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(q.qp_state, IBV_QPS_RTR);
+  EXPECT_EQ(qi.qp_type, IBV_QPT_XRC_RECV);
+  EXPECT_EQ(q.cap.max_send_wr, 0u);
+  // A target QP has no send queue (wrong type for post_send).
+  ibv_send_wr sw{};
+  sw.opcode = IBV_WR_SEND;
+  ibv_send_wr* bad_s = nullptr;
+  m = {};
+  m.qp_state = IBV_QPS_RTS;
+  m.sq_psn = 1;
+  m.timeout = 14;
+  ASSERT_EQ(ibv_modify_qp(tgt, &m, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_post_send(tgt, &sw, &bad_s), EINVAL);
+  EXPECT_EQ(bad_s, &sw);
+  // ibv_open_qp: masks as libibverbs checks them, then the QP must be a target of that domain.
+  ibv_qp_open_attr oa{};
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_TYPE;
+  oa.qp_num = tgt->qp_num;
+  oa.xrcd = x;
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(ctx_, &oa), nullptr);  // no XRCD bit
+  EXPECT_EQ(errno, EINVAL);
+  oa.comp_mask = IBV_QP_OPEN_ATTR_RESERVED | IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD |
+                 IBV_QP_OPEN_ATTR_TYPE;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(ctx_, &oa), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  oa.xrcd = y;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(ctx_, &oa), nullptr);  // SRQ/QP of another XRC domain
+  EXPECT_EQ(errno, EINVAL);
+  oa.xrcd = x;
+  oa.qp_num = ini->qp_num;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(ctx_, &oa), nullptr);  // not a target QP (wrong type)
+  EXPECT_EQ(errno, EINVAL);
+  oa.qp_num = tgt->qp_num;
+  oa.qp_type = IBV_QPT_RC;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(ctx_, &oa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* opened = ibv_open_qp(ctx_, &oa);
+  ASSERT_NE(opened, nullptr) << strerror(errno);
+  // The QP outlives the creating handle while an opened one remains.
+  EXPECT_EQ(ibv_destroy_qp(tgt), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_close_xrcd(x), EBUSY);  // the target QP still uses it
+  ASSERT_EQ(ibv_query_qp(opened, &q, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(ibv_destroy_qp(opened), 0);
+  EXPECT_EQ(ibv_destroy_qp(ini), 0);
+  EXPECT_EQ(ibv_close_xrcd(x), 0);
+  EXPECT_EQ(ibv_close_xrcd(y), 0);
 }
 
 }  // namespace
