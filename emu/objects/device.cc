@@ -714,6 +714,7 @@ Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
   if (!srq || srq->dev_ != this) return Errc::kInval;
   if (srq->users() != 0) return Errc::kBusy;
   if (!srqs_.erase(srq->handle())) return Errc::kInval;
+  srq->alive_.store(false, std::memory_order_release);
   srq->pd()->drop_user();
   if (srq->xrcd_) {
     srq->xrcd_->drop_user();

@@ -64,6 +64,9 @@ class Srq : public std::enable_shared_from_this<Srq> {
   bool limit_armed() const;
 
   uint32_t users() const { return users_.load(); }  // QPs attached
+  // False once destroy_srq removed it: an XRC target holding it (resp_.xrc_srq) must look the
+  // SRQ number up again. Any thread.
+  bool alive() const { return alive_.load(std::memory_order_acquire); }
 
   void* user_context = nullptr;
 
@@ -81,6 +84,7 @@ class Srq : public std::enable_shared_from_this<Srq> {
   Ring<RecvWqe> ring_;
   std::vector<Sge> sge_store_;
   std::atomic<uint32_t> users_{0};
+  std::atomic<bool> alive_{true};
 };
 
 }  // namespace rnic::emu

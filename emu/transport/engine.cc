@@ -573,6 +573,7 @@ void reset_transport(Qp& qp) {
   s.res.clear();
   s.res_next = 0;
   s.replay.active = false;  // `listed` stays: the engine's replay list drops it (resp.cc)
+  s.xrc_srq.reset();        // XRC target: the SRQ of the last message
   CompState& c = qp.comp_;
   c.psn = 0;
   comp_disarm_retrans(c);

@@ -440,7 +440,7 @@ Step check_xrc(Engine& e, Qp& qp, const Pkt& k) {
   if (qp.type() != QpType::kXrcRecv) return Step::kCheckOpSeq;
   RespState& s = qp.resp_;
   const uint32_t n = k.p.xrceth().srqn();
-  if (s.xrc_srq && s.xrc_srq->srq_num() == n) return Step::kCheckOpSeq;
+  if (s.xrc_srq && s.xrc_srq->srq_num() == n && s.xrc_srq->alive()) return Step::kCheckOpSeq;
   if (s.cur != RespState::kNone)
     return refuse(k, Step::kErrInvReq, "XRCETH changed its SRQ in the middle of a message");
   std::shared_ptr<Srq> srq = e.device().find_srq(n);

@@ -134,6 +134,25 @@ TEST(ProtoXrcTest, BasicSrqOrUnknownSrqnIsAnInvalidRequestNak) {
   }
 }
 
+TEST(ProtoXrcTest, DestroyedSrqIsNoLongerDelivered) {
+  // Given: one message delivered into sx, then sx destroyed.
+  XrcTarget t;
+  auto sx = t.srq(t.x);
+  const uint32_t n = sx->srq_num();
+  t.send_only(n, 100, std::vector<uint8_t>(4, 1));
+  ASSERT_EQ(t.p.recv_all().size(), 1u);
+  ASSERT_EQ(drain_cq(*t.s.rcq).size(), 1u);
+  ASSERT_TRUE(t.s.dev->destroy_srq(sx).is_ok());
+  // When: the next message names the same SRQ number.
+  t.send_only(n, 101, std::vector<uint8_t>(4, 2));
+  // Expect: Invalid Request NAK, nothing delivered (the target held the SRQ of message 1).
+  auto out = t.p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 101u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakInvalidRequest));
+  EXPECT_TRUE(drain_cq(*t.s.rcq).empty());
+}
+
 TEST(ProtoXrcTest, RcOpcodeToAnXrcTargetIsDropped) {
   // An RC SEND to an XRC_RECV QP: wrong transport class, dropped and counted, no answer.
   XrcTarget t;
