@@ -61,12 +61,23 @@ constexpr uint64_t kRcOnlySendOps = IBV_QP_EX_WITH_ATOMIC_WRITE | compat::kQpExW
 
 // ---- attribute conversion ----
 
+// An application fills only the fields its attr_mask names (ibv_modify_qp(3): ibv_xsrq_pingpong
+// leaves the rest of its ibv_qp_attr uninitialised), so enum fields are read as integers: no
+// load of an invalid enum value (UBSan), and anything above 255 stays invalid for emu's checks.
+template <class E>
+uint8_t enum_byte(const E& v) {
+  static_assert(sizeof(E) == sizeof(uint32_t));
+  uint32_t x;
+  std::memcpy(&x, &v, sizeof x);
+  return x > 0xff ? uint8_t{0xff} : static_cast<uint8_t>(x);
+}
+
 emu::QpAttr qp_attr_to_emu(const ibv_qp_attr& a) {
   emu::QpAttr e;
-  e.qp_state = static_cast<emu::QpState>(a.qp_state);
-  e.cur_qp_state = static_cast<emu::QpState>(a.cur_qp_state);
-  e.path_mtu = static_cast<emu::Mtu>(a.path_mtu);
-  e.path_mig_state = static_cast<emu::MigState>(a.path_mig_state);
+  e.qp_state = static_cast<emu::QpState>(enum_byte(a.qp_state));
+  e.cur_qp_state = static_cast<emu::QpState>(enum_byte(a.cur_qp_state));
+  e.path_mtu = static_cast<emu::Mtu>(enum_byte(a.path_mtu));
+  e.path_mig_state = static_cast<emu::MigState>(enum_byte(a.path_mig_state));
   e.qkey = a.qkey;
   e.rq_psn = a.rq_psn;
   e.sq_psn = a.sq_psn;
