@@ -451,12 +451,17 @@ void Engine::arm_locked(uint64_t deadline_ns) {
 
 void Engine::arm_timer(Qp& qp, uint64_t deadline_ns) {
   if (deadline_ns == 0) deadline_ns = 1;
-  std::lock_guard lk(timer_mu_);
-  uint64_t& queued = qp.comp_.timer_queued_ns;
+  std::atomic<uint64_t>& queued = qp.comp_.timer_queued_ns;
   // An entry at or before deadline_ns finds the QP's real deadlines when it pops and
-  // re-queues it then: nothing to add (a QP re-arming on every ACK costs no heap push).
-  if (queued != 0 && queued <= deadline_ns) return;
-  queued = deadline_ns;
+  // re-queues it then: nothing to add, and no lock (a QP re-arming on every ACK costs
+  // nothing). Read without the timer lock: an entry popped meanwhile is run under the send
+  // lock the caller holds, so it sees this deadline and re-queues it.
+  uint64_t q = queued.load(std::memory_order_relaxed);
+  if (q != 0 && q <= deadline_ns) return;
+  std::lock_guard lk(timer_mu_);
+  q = queued.load(std::memory_order_relaxed);
+  if (q != 0 && q <= deadline_ns) return;
+  queued.store(deadline_ns, std::memory_order_relaxed);
   heap_.push_back(TimerEntry{deadline_ns, qp.weak_from_this()});
   std::push_heap(heap_.begin(), heap_.end(), timer_later);
   arm_locked(deadline_ns);
@@ -473,7 +478,8 @@ void Engine::run_timers(uint64_t now_ns) {
       TimerEntry t = std::move(heap_.back());
       heap_.pop_back();
       if (auto sp = t.qp.lock()) {
-        if (sp->comp_.timer_queued_ns == t.at) sp->comp_.timer_queued_ns = 0;
+        if (sp->comp_.timer_queued_ns.load(std::memory_order_relaxed) == t.at)
+          sp->comp_.timer_queued_ns.store(0, std::memory_order_relaxed);
         // A QP with several due entries (an early one and a re-queued one) runs once per
         // tick, as in one scan: a second run would see the deadlines the first re-armed.
         if (!sp->comp_.timer_due) {

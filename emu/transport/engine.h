@@ -35,8 +35,9 @@
 //    (the deadline moved later) or stale (disarmed, destroyed: the weak_ptr is dead), never
 //    late: every armed deadline has an entry at or before it.
 // Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
-// device's receive lock of docs/progress.md; the timer lock is taken only to move the deadline
-// earlier).
+// device's receive lock of docs/progress.md; the timer lock is taken only to queue a QP whose
+// earliest timer entry moves earlier or that has none, about once per timer period of a busy
+// QP; the heap's push allocates only when it grows past its largest size so far).
 #pragma once
 
 #include <atomic>
