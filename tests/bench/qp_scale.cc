@@ -464,15 +464,7 @@ int Side::run() {
               o_.qps, bg1);
   std::fflush(stdout);
   if (!data) return 10;
-#if defined(__SANITIZE_ADDRESS__)
-  // ASan's redzones, shadow and quarantine grow with every allocation: not our memory.
-  if (o_.max_rss_kib > 0)
-    std::printf("qp_scale: %s: resident memory bound not checked under ASan\n", parent_ ? "parent" : "child");
-  const bool check_rss = false;
-#else
-  const bool check_rss = o_.max_rss_kib > 0;
-#endif
-  if (check_rss && kib > o_.max_rss_kib) {
+  if (o_.max_rss_kib > 0 && kib > o_.max_rss_kib) {
     std::fprintf(stderr, "qp_scale: %.1f KiB per QP > %.1f\n", kib, o_.max_rss_kib);
     return 11;
   }
