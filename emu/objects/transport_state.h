@@ -151,7 +151,10 @@ struct CompState {
                                  // passes it (comp.cc latch_retry)
   bool sqd_notified = true;      // SQD: SQ_DRAINED already reported (or not in SQD)
   bool kick = false;             // run the requester from the progress thread (SQD -> RTS)
-  bool registered = false;       // QP is in the engine's timer list
+  // Earliest entry of this QP in the engine's timer heap (0: none). Written under the
+  // engine's timer lock; read without it by arm_timer (engine.cc says why that is safe).
+  std::atomic<uint64_t> timer_queued_ns{0};
+  bool timer_due = false;        // run_timers: already collected this tick (timer lock)
   bool dead = false;             // on_destroy ran: touch nothing
   // Strict source check (recv.cc): 0 = no UDP source port latched yet, else 0x10000 | port.
   // Any thread (atomic); cleared when the QP goes back to RESET.

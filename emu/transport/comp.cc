@@ -322,7 +322,7 @@ CompStep rnr_retry(Engine& e, Qp& qp, const Resp& k) {
   qp.req_.rnr_wait = true;
   comp_disarm_retrans(c);  // a timeout during an RNR wait is deferred
   c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(k.p.aeth().syndrome()));
-  e.arm_timer(c.rnr_deadline_ns);
+  e.arm_timer(qp, c.rnr_deadline_ns);
   return CompStep::kUpdateComp;
 }
 
@@ -542,7 +542,7 @@ void comp_arm_retrans(Engine& e, Qp& qp, uint64_t now_ns) {
   uint64_t d = w.iba_deadline_ns;
   if (w.probe_deadline_ns != 0 && w.probe_deadline_ns < d) d = w.probe_deadline_ns;
   c.retrans_deadline_ns = d;
-  e.arm_timer(d);
+  e.arm_timer(qp, d);
 }
 
 void comp_on_cnp(Engine& e, Qp& qp) {

@@ -157,7 +157,7 @@ Status Engine::init() {
   ack_qps_.reserve(kMaxDeferredAcks);
   replay_qps_.reserve(kMaxDeferredAcks);
   replay_scan_.reserve(kMaxDeferredAcks);
-  scan_.reserve(64);
+  due_.reserve(64);
   return Status::ok();
 }
 
@@ -437,6 +437,10 @@ void Engine::arm_timer(uint64_t deadline_ns) {
   if (deadline_ns == 0) deadline_ns = 1;
   if (deadline_ns >= armed_ns_.load(std::memory_order_acquire)) return;
   std::lock_guard lk(timer_mu_);
+  arm_locked(deadline_ns);
+}
+
+void Engine::arm_locked(uint64_t deadline_ns) {
   if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
   armed_ns_.store(deadline_ns, std::memory_order_release);
   itimerspec its{};
@@ -445,42 +449,71 @@ void Engine::arm_timer(uint64_t deadline_ns) {
   timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
 }
 
+void Engine::arm_timer(Qp& qp, uint64_t deadline_ns) {
+  if (deadline_ns == 0) deadline_ns = 1;
+  std::atomic<uint64_t>& queued = qp.comp_.timer_queued_ns;
+  // An entry at or before deadline_ns finds the QP's real deadlines when it pops and
+  // re-queues it then: nothing to add, and no lock (a QP re-arming on every ACK costs
+  // nothing). Read without the timer lock: an entry popped meanwhile is run under the send
+  // lock the caller holds, so it sees this deadline and re-queues it.
+  uint64_t q = queued.load(std::memory_order_relaxed);
+  if (q != 0 && q <= deadline_ns) return;
+  std::lock_guard lk(timer_mu_);
+  q = queued.load(std::memory_order_relaxed);
+  if (q != 0 && q <= deadline_ns) return;
+  queued.store(deadline_ns, std::memory_order_relaxed);
+  heap_.push_back(TimerEntry{deadline_ns, qp.weak_from_this()});
+  std::push_heap(heap_.begin(), heap_.end(), timer_later);
+  arm_locked(deadline_ns);
+}
+
 void Engine::run_timers(uint64_t now_ns) {
   {
+    // The due entries leave the heap; the timerfd is re-armed at the next one.
     std::lock_guard lk(timer_mu_);
     armed_ns_.store(~uint64_t{0}, std::memory_order_release);
-  }
-  {
-    std::lock_guard lk(qps_mu_);
-    scan_.clear();
-    size_t w = 0;
-    for (size_t i = 0; i < qps_.size(); ++i) {
-      if (auto sp = qps_[i].lock()) {
-        scan_.push_back(std::move(sp));
-        qps_[w++] = qps_[i];
+    due_.clear();
+    while (!heap_.empty() && heap_.front().at <= now_ns) {
+      std::pop_heap(heap_.begin(), heap_.end(), timer_later);
+      TimerEntry t = std::move(heap_.back());
+      heap_.pop_back();
+      if (auto sp = t.qp.lock()) {
+        if (sp->comp_.timer_queued_ns.load(std::memory_order_relaxed) == t.at)
+          sp->comp_.timer_queued_ns.store(0, std::memory_order_relaxed);
+        // A QP with several due entries (an early one and a re-queued one) runs once per
+        // tick, as in one scan: a second run would see the deadlines the first re-armed.
+        if (!sp->comp_.timer_due) {
+          sp->comp_.timer_due = true;
+          due_.push_back(std::move(sp));
+        }
       }
     }
-    qps_.resize(w);
+    for (auto& qp : due_) qp->comp_.timer_due = false;
+    if (!heap_.empty()) arm_locked(heap_.front().at);
   }
-  uint64_t next = ~uint64_t{0};
-  for (auto& qp : scan_) {
+  for (auto& qp : due_) {
     std::lock_guard lk(qp->send_mutex());
     if (qp->comp_.dead) continue;
     comp_on_timer(*this, *qp, now_ns);
+    // Deadlines still armed (not due yet: the entry was early) go back in the heap.
     const CompState& c = qp->comp_;
+    uint64_t next = ~uint64_t{0};
     if (c.retrans_deadline_ns != 0) next = std::min(next, c.retrans_deadline_ns);
     if (c.rnr_deadline_ns != 0) next = std::min(next, c.rnr_deadline_ns);
+    if (next != ~uint64_t{0}) arm_timer(*qp, next);
   }
-  scan_.clear();
+  due_.clear();
   // CQ moderation periods (no QP lock held: Cq::moderation_tick takes the CQ's and the
   // channel's locks only).
   std::vector<std::shared_ptr<Cq>> cqs;
   {
     std::lock_guard lk(cqs_mu_);
+    if (mod_cqs_.empty()) return;
     for (auto& w : mod_cqs_)
       if (auto sp = w.lock()) cqs.push_back(std::move(sp));
     mod_cqs_.clear();
   }
+  uint64_t next = ~uint64_t{0};
   for (auto& cq : cqs) {
     uint64_t d = cq->moderation_tick(now_ns);
     if (d == 0) continue;
@@ -505,11 +538,13 @@ bool Engine::on_cq_deadline(Cq& cq, uint64_t deadline_ns) {
 }
 
 uint64_t Engine::next_deadline_ns() {
+  // Every armed deadline has a heap entry at or before it: the QPs in the heap are all
+  // the QPs that can have one.
   std::vector<std::shared_ptr<Qp>> v;
   {
-    std::lock_guard lk(qps_mu_);
-    for (auto& w : qps_)
-      if (auto sp = w.lock()) v.push_back(std::move(sp));
+    std::lock_guard lk(timer_mu_);
+    for (auto& t : heap_)
+      if (auto sp = t.qp.lock()) v.push_back(std::move(sp));
   }
   uint64_t next = 0;
   for (auto& qp : v) {
@@ -518,27 +553,6 @@ uint64_t Engine::next_deadline_ns() {
       if (d != 0 && (next == 0 || d < next)) next = d;
   }
   return next;
-}
-
-void Engine::register_qp(Qp& qp) {
-  if (qp.comp_.registered) return;
-  qp.comp_.registered = true;
-  std::lock_guard lk(qps_mu_);
-  qps_.push_back(qp.weak_from_this());
-}
-
-void Engine::unregister_qp(Qp& qp) {
-  if (!qp.comp_.registered) return;
-  qp.comp_.registered = false;
-  std::lock_guard lk(qps_mu_);
-  for (size_t i = 0; i < qps_.size(); ++i) {
-    auto sp = qps_[i].lock();
-    if (!sp || sp.get() == &qp) {
-      qps_[i] = qps_.back();
-      qps_.pop_back();
-      --i;
-    }
-  }
 }
 
 // ---------------------------------------------------------------- hooks
@@ -659,7 +673,6 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
   }
   if (to == QpState::kInit && from == QpState::kReset) {
     reset_transport(qp);
-    register_qp(qp);
     return;
   }
   if (to == QpState::kRtr && from == QpState::kInit) {
@@ -680,7 +693,7 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
         // WQEs posted while draining start now, from the progress thread (the requester
         // cannot run inside modify_qp: it may need to fail the QP, which takes both locks).
         c.kick = true;
-        arm_timer(wire::monotonic_ns());
+        arm_timer(qp, wire::monotonic_ns());
       }
     }
     return;
@@ -706,7 +719,8 @@ void Engine::on_destroy(Qp& qp) {
   qp.resp_.ready = false;
   comp_disarm_retrans(qp.comp_);
   qp.comp_.rnr_deadline_ns = 0;
-  unregister_qp(qp);
+  // A timer entry of the QP stays in the heap until it is due; its weak_ptr is dead by then
+  // or the QP is `dead` (run_timers skips both).
 }
 
 void Engine::on_poll_empty(Cq& cq) {

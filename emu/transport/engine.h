@@ -26,11 +26,18 @@
 //    busy_poll_ns the progress thread watches the socket again and drains it.
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
 //    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin).
-//  * timers: per-QP deadlines in CompState; the engine keeps one timerfd armed at the
-//    earliest one and the progress thread scans the registered QPs when it fires.
+//  * timers: per-QP deadlines in CompState. Whoever sets one calls arm_timer(qp, deadline),
+//    which queues the QP in a min-heap of (deadline, QP) unless an entry at or before that
+//    deadline is queued already (CompState::timer_queued_ns); one timerfd is armed at the
+//    heap's top. When it fires, only the QPs whose entries are due are visited (each one's
+//    real deadlines are checked under its send lock and re-queued if still armed), so the
+//    cost of a timer tick is independent of the number of idle QPs. An entry may be early
+//    (the deadline moved later) or stale (disarmed, destroyed: the weak_ptr is dead), never
+//    late: every armed deadline has an entry at or before it.
 // Per-packet code allocates nothing and takes no lock wider than one QP (rx_mu_ is the
-// device's receive lock of docs/progress.md; the timer lock is taken only to move the deadline
-// earlier).
+// device's receive lock of docs/progress.md; the timer lock is taken only to queue a QP whose
+// earliest timer entry moves earlier or that has none, about once per timer period of a busy
+// QP; the heap's push allocates only when it grows past its largest size so far).
 #pragma once
 
 #include <atomic>
@@ -203,7 +210,7 @@ class Engine final : public TransportHooks {
   // Runs every retransmit / RNR timer due at `now_ns` (CLOCK_MONOTONIC). Tests pass a time
   // far in the future to fire armed timers deterministically.
   void run_timers(uint64_t now_ns);
-  // Earliest armed deadline (ns) over registered QPs, 0 if none.
+  // Earliest armed deadline (ns) over the QPs with a timer entry, 0 if none.
   uint64_t next_deadline_ns();
 
   // ---- TransportHooks ----
@@ -220,6 +227,9 @@ class Engine final : public TransportHooks {
   // ---- used by req/comp/resp/recv (same library) ----
   // Ask for a timer wake-up at deadline_ns (no-op if an earlier one is armed).
   void arm_timer(uint64_t deadline_ns);
+  // Ask for comp_on_timer(qp) at deadline_ns: queues qp in the timer heap (no-op if it has an
+  // entry at or before deadline_ns) and arms the wake-up. REQUIRES: qp's send lock held.
+  void arm_timer(Qp& qp, uint64_t deadline_ns);
   // Sends a batch the caller built (counts send errors).
   void flush(TxBatch& b) {
     if (b.size() > 0) b.flush(*port_, ctr_);
@@ -261,8 +271,6 @@ class Engine final : public TransportHooks {
   int drain_locked(int budget);
   void drain_fault_rx_locked();
   void drain_fault_tx();
-  void register_qp(Qp& qp);
-  void unregister_qp(Qp& qp);
   void watch_rx(bool on);
   void arm_defer(uint64_t deadline_ns);
   void spin_rx();
@@ -291,8 +299,16 @@ class Engine final : public TransportHooks {
   void run_replays_locked();
 
   // timers
-  std::mutex timer_mu_;
+  std::mutex timer_mu_;  // leaf lock (taken under a QP's send lock)
   std::atomic<uint64_t> armed_ns_{~uint64_t{0}};
+  void arm_locked(uint64_t deadline_ns);  // REQUIRES: timer_mu_
+  struct TimerEntry {
+    uint64_t at;
+    std::weak_ptr<Qp> qp;
+  };
+  static bool timer_later(const TimerEntry& a, const TimerEntry& b) { return a.at > b.at; }
+  std::vector<TimerEntry> heap_;           // min-heap on `at` (std::push_heap, timer_later)
+  std::vector<std::shared_ptr<Qp>> due_;   // run_timers scratch (capacity kept)
   int timer_fd_ = -1;
   int event_fd_ = -1;
   int epoll_fd_ = -1;
@@ -302,10 +318,6 @@ class Engine final : public TransportHooks {
   std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set
 
-  // QPs with timers (weak: the device owns QPs)
-  std::mutex qps_mu_;
-  std::vector<std::weak_ptr<Qp>> qps_;
-  std::vector<std::shared_ptr<Qp>> scan_;  // progress-thread scratch (capacity kept)
   // CQs with a moderation period running (weak: the device owns CQs); leaf lock.
   std::mutex cqs_mu_;
   std::vector<std::weak_ptr<Cq>> mod_cqs_;
