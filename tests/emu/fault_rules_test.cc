@@ -65,11 +65,12 @@ TEST(FaultRulesTest, ClassesSelectOpcodesAndAethTypes) {
   EXPECT_EQ(opcodes_of(r), std::vector<unsigned>{wire::op::kRcAcknowledge});
   EXPECT_EQ(r.aeth_types, kAethNak | kAethRnr);
 
+  // Classes span transports: RC's opcodes and XRC's (0xA0 | the RC opcode).
   FaultRule rr = parse_ok("class=read_resp => drop");
-  EXPECT_EQ(opcodes_of(rr), (std::vector<unsigned>{0x0d, 0x0e, 0x0f, 0x10}));
+  EXPECT_EQ(opcodes_of(rr), (std::vector<unsigned>{0x0d, 0x0e, 0x0f, 0x10, 0xad, 0xae, 0xaf, 0xb0}));
 
   FaultRule a = parse_ok("class=atomic => drop");
-  EXPECT_EQ(opcodes_of(a), (std::vector<unsigned>{0x13, 0x14}));
+  EXPECT_EQ(opcodes_of(a), (std::vector<unsigned>{0x13, 0x14, 0xb3, 0xb4}));
 
   FaultRule resp = parse_ok("class=resp => drop");
   EXPECT_TRUE(resp.has_opcode(wire::op::kRcAcknowledge));
