@@ -184,6 +184,14 @@ class PacketFilter {
   virtual ~PacketFilter() = default;
   virtual Verdict on_packet(Direction dir, const Endpoint& src, const Endpoint& dst,
                             std::span<uint8_t> roce, FilterOut& out) = 0;
+  // Whether the port must present this direction's packets. False: the port bypasses the
+  // filter for them (no call, no copy) and, on tx, lets the engine build GSO runs as without
+  // a filter. Asked per batch, so it may change at any time; a GSO run built just before it
+  // turned true is presented and sent segment by segment (send_filtered). Must be cheap.
+  virtual bool wants(Direction dir) const {
+    (void)dir;
+    return true;
+  }
 };
 
 // Packets a filter holds back (reorder, delay) or synthesizes (injected NAKs, duplicates),
@@ -274,7 +282,7 @@ class Port {
   // datagrams), also while a filter is installed.
   int max_gso_segments() const {
     if constexpr (kFaultInjection) {
-      if (filter_.load(std::memory_order_acquire) != nullptr) return 1;
+      if (filter_for(Direction::kTx) != nullptr) return 1;
     }
     return gso_max_segments_impl();
   }
@@ -329,9 +337,16 @@ class Port {
     uint8_t hop_limit = 0;
     uint32_t flow_label = 0;
   };
+  // A segment's filter verdict, taken before the segment is held.
+  struct SegVerdict {
+    Verdict v = Verdict::kPass;
+    FilterOut out;
+  };
   // Rx, filtered mode: every segment of r from byte `from` on goes to the held queue, each
-  // filtered (dropped, duplicated or delayed as its verdict says), due now otherwise.
-  void hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now);
+  // filtered (dropped, duplicated or delayed as its verdict says), due now otherwise. With
+  // `pre`, pre[j] is the verdict already taken for the j-th of those segments (f is not asked).
+  void hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now,
+                        const SegVerdict* pre = nullptr);
   // Locks held_mu_ and, on scope exit, publishes held_.size() to held_n_ so the receive
   // path can test "anything held?" without taking the mutex.
   struct HeldLock {
@@ -340,6 +355,12 @@ class Port {
     Port& port;
     std::lock_guard<std::mutex> lk;
   };
+
+  // The installed filter if it wants dir's packets (PacketFilter::wants), else nullptr.
+  PacketFilter* filter_for(Direction dir) const {
+    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    return f != nullptr && f->wants(dir) ? f : nullptr;
+  }
 
   std::atomic<PacketFilter*> filter_{nullptr};
   mutable std::mutex held_mu_;
