@@ -172,13 +172,16 @@ struct FilterOut {
 };
 
 // The fault engine (emu/fault.*) implements this. The port consults it for every
-// datagram in both directions, before the wire (tx) and before the caller sees it (rx).
-// REQUIRES: thread-safe — it is called concurrently from every sending thread and from
-// the receiving thread. `roce` is a private writable copy on tx and the caller's
+// datagram of each direction it wants(), before the wire (tx) and before the caller sees it
+// (rx). REQUIRES: thread-safe — it is called concurrently from every sending thread and
+// from the receiving thread. `roce` is a private writable copy on tx and the caller's
 // receive buffer on rx (starts at the BTH; ends with the ICRC); the filter may rewrite
-// bytes in place (fixing the ICRC is its job). GSO descriptors are presented segment
-// by segment and, while a filter is installed, sent as plain datagrams: the port then
-// recomputes no ICRC, so the engine must not use GSO while max_gso_segments() == 1.
+// bytes in place (fixing the ICRC for IP ID 0 is its job). GSO descriptors are presented
+// segment by segment; one whose segments all pass unchanged leaves whole, else its
+// segments leave as plain datagrams (an unchanged segment k > 0 with its ICRC redone for
+// ID 0). While tx is filtered max_gso_segments() is 1, so the engine builds no GSO runs.
+// A coalesced rx buffer is presented segment by segment too, and delivered whole when all
+// pass.
 class PacketFilter {
  public:
   virtual ~PacketFilter() = default;
