@@ -2,6 +2,8 @@
 // shared by UdpPort and MemPort. The unfiltered path is a straight call to *_impl.
 #include "wire/port.h"
 
+#include "wire/icrc.h"
+
 #include <arpa/inet.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 namespace rnic::wire {
 
@@ -140,7 +143,7 @@ bool Port::set_filter(PacketFilter* f) {
 
 int Port::send_batch(std::span<const TxDesc> pkts) {
   if constexpr (kFaultInjection) {
-    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    PacketFilter* f = filter_for(Direction::kTx);
     if (f != nullptr) return send_filtered(f, pkts);
   }
   return send_impl(pkts);
@@ -148,7 +151,7 @@ int Port::send_batch(std::span<const TxDesc> pkts) {
 
 int Port::recv_batch(std::span<RxDesc> descs) {
   if constexpr (kFaultInjection) {
-    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    PacketFilter* f = filter_for(Direction::kRx);
     // Held packets can outlive the filter's removal: keep draining them.
     if (f != nullptr || held_n_.load(std::memory_order_acquire) != 0) {
       return recv_filtered(f, descs);
@@ -190,62 +193,107 @@ int Port::release_held() {
   return int(due.size());
 }
 
-// Fault mode: every datagram (every GSO segment) is copied, filtered and sent alone.
+// Fault mode: every datagram (every GSO segment) is copied and filtered. A GSO descriptor
+// whose segments all pass unchanged leaves as it came (one GSO send); otherwise its segments
+// leave alone, and an unchanged segment k > 0 gets the ICRC of IP ID 0 (the ID the kernel
+// gives a lone datagram) instead of ID k. Everything that leaves now goes in one send_impl.
 // Allocation and locking are acceptable here; this path exists only with a filter.
 int Port::send_filtered(PacketFilter* f, std::span<const TxDesc> pkts) {
   release_held();
-  thread_local std::vector<uint8_t> scratch;
+  struct Out {
+    const TxDesc* d;  // the descriptor it came from (its destination)
+    bool whole;       // d itself, else the arena's bytes [off, off + len)
+    size_t off;
+    uint32_t len;
+  };
+  thread_local std::vector<uint8_t> arena;
+  thread_local std::vector<Out> outs;
+  thread_local std::vector<TxDesc> send;
+  arena.clear();
+  outs.clear();
   const Endpoint& src = local();
   for (const TxDesc& d : pkts) {
     uint32_t seg = d.gso_size != 0 ? d.gso_size : d.len;
     if (seg == 0) seg = 1;  // zero-length datagram: one iteration
-    for (uint32_t off = 0; off < d.len || (off == 0 && d.len == 0); off += seg) {
-      uint32_t n = std::min(seg, d.len - off);
-      scratch.assign(d.data + off, d.data + off + n);
+    const size_t outs0 = outs.size(), arena0 = arena.size();
+    bool intact = true;
+    uint16_t k = 0;
+    for (uint32_t off = 0; off < d.len || (off == 0 && d.len == 0); off += seg, ++k) {
+      const uint32_t n = std::min(seg, d.len - off);
+      const size_t at = arena.size();
+      arena.insert(arena.end(), d.data + off, d.data + off + n);
+      uint8_t* b = arena.data() + at;
       FilterOut out;
       out.len = n;
-      Verdict v = f->on_packet(Direction::kTx, src, d.dst, std::span<uint8_t>(scratch), out);
-      uint32_t len = std::min(out.len, n);
-      TxDesc one{d.dst, scratch.data(), len, 0};
+      Verdict v = f->on_packet(Direction::kTx, src, d.dst, std::span<uint8_t>(b, n), out);
+      const uint32_t len = std::min(out.len, n);
+      const bool same = len == n && (n == 0 || std::memcmp(b, d.data + off, n) == 0);
+      intact = intact && same && v == Verdict::kPass;
+      // Leaving alone: an unchanged segment k's ICRC (computed with ID k) redone for ID 0.
+      if (same && k != 0 && !d.dst.ipv6 && n >= kIcrcBytes) {
+        uint8_t* tail = b + n - kIcrcBytes;  // stored little-endian (wire/icrc.h)
+        const uint32_t delta = icrc_id_delta(n - kIcrcBytes, k);
+        for (int i = 0; i < 4; ++i) tail[i] ^= uint8_t(delta >> (8 * i));
+      }
       switch (v) {
         case Verdict::kPass:
-          send_impl(std::span<const TxDesc>(&one, 1));
+          outs.push_back(Out{&d, false, at, len});
           break;
         case Verdict::kDrop:
           bump(ctr_.filter_dropped);
           break;
         case Verdict::kDuplicate:
           bump(ctr_.filter_duplicated, out.copies);
-          for (unsigned i = 0; i <= out.copies; ++i) send_impl(std::span<const TxDesc>(&one, 1));
+          for (unsigned i = 0; i <= out.copies; ++i) outs.push_back(Out{&d, false, at, len});
           break;
         case Verdict::kDelay: {
           bump(ctr_.filter_delayed);
           HeldLock lk(*this);
           held_.push_back(Held{monotonic_ns() + uint64_t(out.delay_us) * 1000, Direction::kTx, src,
-                               d.dst, std::vector<uint8_t>(scratch.begin(), scratch.begin() + len)});
+                               d.dst, std::vector<uint8_t>(b, b + len)});
           break;
         }
       }
       if (d.len == 0) break;
     }
+    if (intact && d.gso_size != 0 && d.gso_size < d.len) {
+      outs.resize(outs0);  // every segment passed unchanged: the descriptor goes as it is
+      arena.resize(arena0);
+      outs.push_back(Out{&d, true, 0, 0});
+    }
+  }
+  send.clear();
+  for (const Out& o : outs)
+    send.push_back(o.whole ? *o.d : TxDesc{o.d->dst, arena.data() + o.off, o.len, 0});
+  for (size_t done = 0; done < send.size();) {
+    const int r = send_impl(std::span<const TxDesc>(send).subspan(done));
+    done += r > 0 ? size_t(r) : 1;  // a refused datagram is skipped, as a lone send would be
   }
   return int(pkts.size());
 }
 
 // REQUIRES: held_mu_ (HeldLock).
-void Port::hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now) {
+void Port::hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now,
+                            const SegVerdict* pre) {
   const uint32_t seg = r.seg_size != 0 && r.seg_size < r.len ? r.seg_size : r.len;
   uint32_t k = seg == 0 ? 0 : from / seg;
-  for (uint32_t off = from; off < r.len || (off == 0 && r.len == 0); off += seg, ++k) {
+  for (uint32_t off = from, j = 0; off < r.len || (off == 0 && r.len == 0);
+       off += seg, ++k, ++j) {
     const uint32_t m = std::min<uint32_t>(seg, r.len - off);
     std::vector<uint8_t> bytes(r.buf + off, r.buf + off + m);
     uint64_t due = now;
     Held h{0, Direction::kRx, r.src, r.dst, {}, static_cast<uint16_t>(r.ip_id + k), r.tos,
            r.hop_limit, r.flow_label};
-    if (f != nullptr) {
+    if (f != nullptr || pre != nullptr) {
       FilterOut out;
       out.len = m;
-      Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(bytes), out);
+      Verdict v;
+      if (pre != nullptr) {
+        v = pre[j].v;
+        out = pre[j].out;
+      } else {
+        v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(bytes), out);
+      }
       bytes.resize(std::min(out.len, m));
       if (v == Verdict::kDrop) {
         bump(ctr_.filter_dropped);
@@ -323,10 +371,36 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
       hold_rx_segments(f, r, 0, now0);
       continue;
     }
-    // The first segment is filtered first (a seeded fault engine sees arrival order); the
-    // filter touches only its bytes, so the rest of the buffer is held intact afterwards.
+    // A coalesced buffer: every segment is filtered in place, in arrival order (a seeded
+    // fault engine sees arrival order). If all pass unchanged in length, the buffer is
+    // delivered whole; else its first segment is delivered (or not) by its verdict and the
+    // rest held with theirs.
     RxDesc tail = r;
     const bool coalesced = r.seg_size != 0 && r.seg_size < r.len;
+    thread_local std::vector<SegVerdict> pre;
+    pre.clear();
+    if (coalesced && f != nullptr) {
+      bool all = true;
+      for (uint32_t off = 0; off < r.len; off += r.seg_size) {
+        const uint32_t m = std::min<uint32_t>(r.seg_size, r.len - off);
+        SegVerdict sv;
+        sv.out.len = m;
+        sv.v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf + off, m),
+                            sv.out);
+        all = all && sv.v == Verdict::kPass && sv.out.len >= m;
+        pre.push_back(sv);
+      }
+      if (all) {
+        if (w != i) std::swap(descs[w], descs[i]);
+        ++w;
+        continue;
+      }
+    }
+    if (coalesced && f == nullptr) {  // no filter (held packets draining): nothing to split for
+      if (w != i) std::swap(descs[w], descs[i]);
+      ++w;
+      continue;
+    }
     if (coalesced) {
       r.len = r.seg_size;
       r.seg_size = 0;
@@ -335,11 +409,20 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
     if (f != nullptr) {
       FilterOut out;
       out.len = r.len;
-      Verdict v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf, r.len), out);
+      Verdict v;
+      if (coalesced) {
+        v = pre[0].v;
+        out = pre[0].out;
+      } else {
+        v = f->on_packet(Direction::kRx, r.src, r.dst, std::span<uint8_t>(r.buf, r.len), out);
+      }
       r.len = std::min(out.len, r.len);
-      HeldLock lk(*this);
-      const Held h{now0, Direction::kRx, r.src, r.dst, std::vector<uint8_t>(r.buf, r.buf + r.len),
-                   r.ip_id, r.tos, r.hop_limit, r.flow_label};
+      // A copy only for what is held (a passing packet is delivered from the buffer).
+      auto held = [&] {
+        return Held{now0, Direction::kRx, r.src, r.dst,
+                    std::vector<uint8_t>(r.buf, r.buf + r.len), r.ip_id, r.tos, r.hop_limit,
+                    r.flow_label};
+      };
       switch (v) {
         case Verdict::kPass:
           break;
@@ -347,21 +430,25 @@ int Port::recv_filtered(PacketFilter* f, std::span<RxDesc> descs) {
           bump(ctr_.filter_dropped);
           keep = false;
           break;
-        case Verdict::kDuplicate:
+        case Verdict::kDuplicate: {
           bump(ctr_.filter_duplicated, out.copies);
-          for (unsigned c = 0; c < out.copies; ++c) held_.push_back(h);
+          HeldLock lk(*this);
+          for (unsigned c = 0; c < out.copies; ++c) held_.push_back(held());
           break;
-        case Verdict::kDelay:
+        }
+        case Verdict::kDelay: {
           bump(ctr_.filter_delayed);
-          held_.push_back(h);
+          HeldLock lk(*this);
+          held_.push_back(held());
           held_.back().due_ns = monotonic_ns() + uint64_t(out.delay_us) * 1000;
           keep = false;
           break;
+        }
       }
     }
     if (coalesced) {
       HeldLock lk(*this);
-      hold_rx_segments(f, tail, tail.seg_size, now0);
+      hold_rx_segments(f, tail, tail.seg_size, now0, pre.size() > 1 ? pre.data() + 1 : nullptr);
       spill = true;
     }
     if (keep) {

@@ -172,18 +172,29 @@ struct FilterOut {
 };
 
 // The fault engine (emu/fault.*) implements this. The port consults it for every
-// datagram in both directions, before the wire (tx) and before the caller sees it (rx).
-// REQUIRES: thread-safe — it is called concurrently from every sending thread and from
-// the receiving thread. `roce` is a private writable copy on tx and the caller's
+// datagram of each direction it wants(), before the wire (tx) and before the caller sees it
+// (rx). REQUIRES: thread-safe — it is called concurrently from every sending thread and
+// from the receiving thread. `roce` is a private writable copy on tx and the caller's
 // receive buffer on rx (starts at the BTH; ends with the ICRC); the filter may rewrite
-// bytes in place (fixing the ICRC is its job). GSO descriptors are presented segment
-// by segment and, while a filter is installed, sent as plain datagrams: the port then
-// recomputes no ICRC, so the engine must not use GSO while max_gso_segments() == 1.
+// bytes in place (fixing the ICRC for IP ID 0 is its job). GSO descriptors are presented
+// segment by segment; one whose segments all pass unchanged leaves whole, else its
+// segments leave as plain datagrams (an unchanged segment k > 0 with its ICRC redone for
+// ID 0). While tx is filtered max_gso_segments() is 1, so the engine builds no GSO runs.
+// A coalesced rx buffer is presented segment by segment too, and delivered whole when all
+// pass.
 class PacketFilter {
  public:
   virtual ~PacketFilter() = default;
   virtual Verdict on_packet(Direction dir, const Endpoint& src, const Endpoint& dst,
                             std::span<uint8_t> roce, FilterOut& out) = 0;
+  // Whether the port must present this direction's packets. False: the port bypasses the
+  // filter for them (no call, no copy) and, on tx, lets the engine build GSO runs as without
+  // a filter. Asked per batch, so it may change at any time; a GSO run built just before it
+  // turned true is presented and sent segment by segment (send_filtered). Must be cheap.
+  virtual bool wants(Direction dir) const {
+    (void)dir;
+    return true;
+  }
 };
 
 // Packets a filter holds back (reorder, delay) or synthesizes (injected NAKs, duplicates),
@@ -274,7 +285,7 @@ class Port {
   // datagrams), also while a filter is installed.
   int max_gso_segments() const {
     if constexpr (kFaultInjection) {
-      if (filter_.load(std::memory_order_acquire) != nullptr) return 1;
+      if (filter_for(Direction::kTx) != nullptr) return 1;
     }
     return gso_max_segments_impl();
   }
@@ -329,9 +340,16 @@ class Port {
     uint8_t hop_limit = 0;
     uint32_t flow_label = 0;
   };
+  // A segment's filter verdict, taken before the segment is held.
+  struct SegVerdict {
+    Verdict v = Verdict::kPass;
+    FilterOut out;
+  };
   // Rx, filtered mode: every segment of r from byte `from` on goes to the held queue, each
-  // filtered (dropped, duplicated or delayed as its verdict says), due now otherwise.
-  void hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now);
+  // filtered (dropped, duplicated or delayed as its verdict says), due now otherwise. With
+  // `pre`, pre[j] is the verdict already taken for the j-th of those segments (f is not asked).
+  void hold_rx_segments(PacketFilter* f, const RxDesc& r, uint32_t from, uint64_t now,
+                        const SegVerdict* pre = nullptr);
   // Locks held_mu_ and, on scope exit, publishes held_.size() to held_n_ so the receive
   // path can test "anything held?" without taking the mutex.
   struct HeldLock {
@@ -340,6 +358,12 @@ class Port {
     Port& port;
     std::lock_guard<std::mutex> lk;
   };
+
+  // The installed filter if it wants dir's packets (PacketFilter::wants), else nullptr.
+  PacketFilter* filter_for(Direction dir) const {
+    PacketFilter* f = filter_.load(std::memory_order_acquire);
+    return f != nullptr && f->wants(dir) ? f : nullptr;
+  }
 
   std::atomic<PacketFilter*> filter_{nullptr};
   mutable std::mutex held_mu_;

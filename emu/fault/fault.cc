@@ -173,14 +173,23 @@ void FaultEngine::reset_rule_locked(RuleState& rs) {
 
 void FaultEngine::rebuild_masks_locked() {
   uint64_t m[2][4] = {};
+  // pkt= numbers every packet of both directions, and so do trace lines: all must be seen.
+  bool all = trace_cap_ != 0 || trace_file_ != nullptr;
   for (const auto& rs : rules_) {
+    if (rs->rule.pkt) all = true;
     for (int d = 0; d < 2; ++d) {
       if (!(rs->rule.dirs & (1 << d))) continue;
       for (int w = 0; w < 4; ++w) m[d][w] |= rs->rule.opcodes[w];
     }
   }
-  for (int d = 0; d < 2; ++d)
-    for (int w = 0; w < 4; ++w) mask_[d][w].store(m[d][w], std::memory_order_relaxed);
+  for (int d = 0; d < 2; ++d) {
+    bool any = all;
+    for (int w = 0; w < 4; ++w) {
+      mask_[d][w].store(m[d][w], std::memory_order_relaxed);
+      any = any || m[d][w] != 0;
+    }
+    want_[d].store(any, std::memory_order_relaxed);
+  }
   slow_all_.store(held_ != 0, std::memory_order_relaxed);
 }
 
@@ -306,6 +315,7 @@ void FaultEngine::enable_trace(size_t max_events) {
   trace_.shrink_to_fit();
   trace_.reserve(max_events);
   trace_cap_ = max_events;
+  rebuild_masks_locked();
 }
 
 std::vector<FaultTraceEvent> FaultEngine::trace() const {
@@ -341,6 +351,7 @@ std::string FaultEngine::format_trace() const {
 void FaultEngine::set_trace_file(std::FILE* f) {
   std::lock_guard lk(mu_);
   trace_file_ = f;
+  rebuild_masks_locked();
 }
 
 void FaultEngine::record_locked(const FaultTraceEvent& e) {

@@ -165,6 +165,14 @@ class FaultEngine final : public wire::PacketFilter, public wire::HeldPacketSour
   // Packets waiting in the engine (held or ready to drain).
   size_t pending() const;
 
+  // PacketFilter::wants: a direction no rule can match is not presented (rx-only rules keep
+  // the tx path and its GSO runs as without faults), unless a rule counts every packet
+  // (pkt=), something is held, or a trace numbers the packets. Lock-free.
+  bool wants(wire::Direction dir) const override {
+    return want_[dir == wire::Direction::kTx ? 0 : 1].load(std::memory_order_relaxed) ||
+           slow_all_.load(std::memory_order_relaxed);
+  }
+
   // PacketFilter: see wire/port.h. Allocation-free.
   wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint& src,
                           const wire::Endpoint& dst, std::span<uint8_t> roce,
@@ -237,6 +245,7 @@ class FaultEngine final : public wire::PacketFilter, public wire::HeldPacketSour
   // Quick reject: per direction, the union of the opcodes any rule can match.
   std::atomic<uint64_t> mask_[2][4] = {};
   std::atomic<bool> slow_all_{false};      // something held: every packet must be examined
+  std::atomic<bool> want_[2] = {};         // per direction: wants() (rebuild_masks_locked)
   std::atomic<uint32_t> live_slots_{0};    // slots not free (held, ready or draining)
   std::atomic<uint64_t> pkt_index_{0};
 };

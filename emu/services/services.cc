@@ -182,6 +182,10 @@ void DeviceServices::update_filter_locked() {
   installed_.store(want && set, std::memory_order_release);
 }
 
+bool DeviceServices::wants(wire::Direction dir) const {
+  return always_filter_ || capturing_.load(std::memory_order_acquire) || faults_->wants(dir);
+}
+
 wire::Verdict DeviceServices::on_packet(wire::Direction dir, const wire::Endpoint& src,
                                         const wire::Endpoint& dst, std::span<uint8_t> roce,
                                         wire::FilterOut& out) {

@@ -147,6 +147,9 @@ class DeviceServices final : public ControlTarget, private wire::PacketFilter {
  private:
   explicit DeviceServices(std::shared_ptr<Device> dev);
   // wire::PacketFilter (private: only the port calls it).
+  // always_filter and a capture see both directions; else the fault engine says
+  // (FaultEngine::wants).
+  bool wants(wire::Direction dir) const override;
   wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint& src,
                           const wire::Endpoint& dst, std::span<uint8_t> roce,
                           wire::FilterOut& out) override;

@@ -119,6 +119,28 @@ TEST_F(FaultEngineTest, QuickRejectOnDirectionAndOpcode) {
   EXPECT_EQ(e->counters().packets, 4u);
 }
 
+// wants(): the port skips a direction no rule can match (rx-only loss keeps the tx path and
+// its GSO runs as without faults), but not when a rule numbers every packet (pkt=) or a
+// trace does.
+TEST_F(FaultEngineTest, WantsOnlyTheDirectionsItsRulesCanMatch) {
+  FaultEngine none;
+  EXPECT_FALSE(none.wants(Direction::kTx));
+  EXPECT_FALSE(none.wants(Direction::kRx));
+  auto rx = make("dir=rx p=1% => drop");
+  EXPECT_FALSE(rx->wants(Direction::kTx));
+  EXPECT_TRUE(rx->wants(Direction::kRx));
+  auto tx = make("dir=tx op=RC_ACKNOWLEDGE => drop");
+  EXPECT_TRUE(tx->wants(Direction::kTx));
+  EXPECT_FALSE(tx->wants(Direction::kRx));
+  auto pkt = make("dir=rx pkt=10 => drop");
+  EXPECT_TRUE(pkt->wants(Direction::kTx));
+  rx->enable_trace(16);
+  EXPECT_TRUE(rx->wants(Direction::kTx));
+  rx->clear();
+  rx->enable_trace(0);
+  EXPECT_FALSE(rx->wants(Direction::kRx));
+}
+
 TEST_F(FaultEngineTest, DropNthOfMatching) {
   auto e = make("op=RDMA_WRITE_ONLY nth=2 => drop");
   Pkt s = build(wire::op::kRcSendOnly, 0x11, 0);
