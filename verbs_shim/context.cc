@@ -64,9 +64,9 @@ void fill_ops(Context* ctx) {
   v.destroy_flow_action = uns_destroy_flow_action;
   v.create_flow_action_esp = uns_create_flow_action_esp;
   v.modify_qp_rate_limit = uns_modify_qp_rate_limit;
-  v.alloc_parent_domain = uns_alloc_parent_domain;
-  v.dealloc_td = uns_dealloc_td;
-  v.alloc_td = uns_alloc_td;
+  v.alloc_parent_domain = op_alloc_parent_domain;
+  v.dealloc_td = op_dealloc_td;
+  v.alloc_td = op_alloc_td;
   v.modify_cq = op_modify_cq;
   v.post_srq_ops = uns_post_srq_ops;
   v.destroy_rwq_ind_table = uns_destroy_rwq_ind_table;

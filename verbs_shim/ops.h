@@ -35,6 +35,9 @@ int op_get_srq_num(ibv_srq* srq, uint32_t* num);
 ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int op_dealloc_mw(ibv_mw* mw);
+ibv_td* op_alloc_td(ibv_context* ctx, ibv_td_init_attr* init);
+int op_dealloc_td(ibv_td* td);
+ibv_pd* op_alloc_parent_domain(ibv_context* ctx, ibv_parent_domain_init_attr* attr);
 
 // ops_unsupported.cc: EOPNOTSUPP for everything softrnic does not model.
 int uns_compat_query_device(ibv_context*, ibv_device_attr*);
@@ -54,9 +57,6 @@ int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*);
 int uns_destroy_flow_action(ibv_flow_action*);
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*);
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*);
-ibv_pd* uns_alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
-int uns_dealloc_td(ibv_td*);
-ibv_td* uns_alloc_td(ibv_context*, ibv_td_init_attr*);
 int uns_post_srq_ops(ibv_srq*, ibv_ops_wr*, ibv_ops_wr**);
 int uns_destroy_rwq_ind_table(ibv_rwq_ind_table*);
 ibv_rwq_ind_table* uns_create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*);

@@ -39,9 +39,6 @@ int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*) { re
 int uns_destroy_flow_action(ibv_flow_action*) { return eopnotsupp(); }
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*) { return enull<ibv_flow_action>(); }
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*) { return eopnotsupp(); }
-ibv_pd* uns_alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) { return enull<ibv_pd>(); }
-int uns_dealloc_td(ibv_td*) { return eopnotsupp(); }
-ibv_td* uns_alloc_td(ibv_context*, ibv_td_init_attr*) { return enull<ibv_td>(); }
 int uns_post_srq_ops(ibv_srq*, ibv_ops_wr* op, ibv_ops_wr** bad) {
   if (bad) *bad = op;
   return eopnotsupp();

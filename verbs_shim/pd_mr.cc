@@ -1,4 +1,4 @@
-// Protection domains, memory regions (reg/rereg/dereg, iova variants) and memory windows
+// Protection domains, thread and parent domains, memory regions (reg/rereg/dereg, iova variants) and memory windows
 // (alloc/dealloc, type-1 bind through ops.bind_mw).
 #include <cstring>
 
@@ -49,6 +49,7 @@ ibv_mr* reg_mr_common(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsi
     m->pub_.handle = m->emu_->handle();
     m->pub_.lkey = m->emu_->lkey();
     m->pub_.rkey = m->emu_->rkey();
+    pd_hold(pd);
     return &m->pub_;
   });
 }
@@ -70,6 +71,7 @@ ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
     w->pub_.rkey = w->emu_->rkey();
     w->pub_.handle = w->emu_->handle();
     w->pub_.type = type;
+    pd_hold(pd);
     return &w->pub_;
   });
 }
@@ -81,6 +83,7 @@ int op_dealloc_mw(ibv_mw* mw) {
     Mw* w = to_mw(mw);
     emu::Status st = to_ctx(mw->context)->emu_->dealloc_mw(w->emu_);
     if (!st.is_ok()) return err_of(st);
+    pd_release(mw->pd);
     w->emu_->user_context = nullptr;
     delete w;
     return 0;
@@ -112,6 +115,61 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
   });
 }
 
+// ibv_alloc_td: no attribute is defined yet (comp_mask != 0 -> EINVAL, as mlx5).
+ibv_td* op_alloc_td(ibv_context* context, ibv_td_init_attr* init) {
+  return guard_ptr<ibv_td>([&]() -> ibv_td* {
+    if (context == nullptr || init == nullptr || init->comp_mask != 0)
+      return static_cast<ibv_td*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_td*>(null_errno(EIO));
+    auto* t = new Td();
+    t->pub_.context = context;
+    return &t->pub_;
+  });
+}
+
+// ibv_dealloc_td: EBUSY while a parent domain names it (mlx5's refcount).
+int op_dealloc_td(ibv_td* td) {
+  if (td == nullptr) return fail_errno(EINVAL);
+  if (inherited(td->context)) return fail_errno(EIO);
+  Td* t = to_td(td);
+  if (t->users_.load() != 0) return fail_errno(EBUSY);
+  delete t;
+  return 0;
+}
+
+// ibv_alloc_parent_domain: pd (a real PD of this context, not a parent domain) is required,
+// td optional; the allocators and pd_context are kept and readable by the provider's
+// contract, but never called: every queue buffer (SQ, RQ, CQ, SRQ rings) is engine memory
+// the application never maps, so there is no buffer to place (README support table).
+ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) {
+  return guard_ptr<ibv_pd>([&]() -> ibv_pd* {
+    constexpr uint32_t kKnown =
+        IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    if (context == nullptr || attr == nullptr || attr->pd == nullptr ||
+        (attr->comp_mask & ~kKnown) != 0)
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if (attr->pd->context != context || is_parent_domain(attr->pd) ||
+        (attr->td != nullptr && attr->td->context != context))
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) &&
+        (attr->alloc == nullptr || attr->free == nullptr))
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_pd*>(null_errno(EIO));
+    Pd* base = to_pd(attr->pd);
+    auto* p = new Pd();
+    p->emu_ = base->emu_;
+    p->parent_ = true;
+    p->protection_domain_ = attr->pd;
+    p->td_ = attr->td ? to_td(attr->td) : nullptr;
+    p->attr_ = *attr;
+    p->pub_.context = context;
+    p->pub_.handle = attr->pd->handle;  // one PD handle, as the kernel sees it
+    base->emu_->add_user();             // dealloc of the PD: EBUSY while this lives
+    if (p->td_) p->td_->users_.fetch_add(1);
+    return &p->pub_;
+  });
+}
+
 }  // namespace rnic::shim
 
 // ---------------------------------------------------------------------------------------
@@ -137,6 +195,13 @@ SHIM_EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
   if (inherited(pd->context)) return fail_errno(EIO);
   return guard_int([&] {
     Pd* p = to_pd(pd);
+    if (p->parent_) {  // a parent domain: EBUSY while objects use it
+      if (p->users_.load() != 0) return EBUSY;
+      p->emu_->drop_user();
+      if (p->td_) p->td_->users_.fetch_sub(1);
+      delete p;
+      return 0;
+    }
     emu::Status st = to_ctx(pd->context)->emu_->dealloc_pd(p->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while objects use it
     p->emu_->user_context = nullptr;
@@ -200,7 +265,11 @@ SHIM_EXPORT int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, vo
       errno = err_of(st);
       return IBV_REREG_MR_ERR_CMD;
     }
-    if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+      pd_hold(pd);
+      pd_release(mr->pd);
+      mr->pd = pd;
+    }
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
       mr->addr = addr;
       mr->length = length;
@@ -221,6 +290,7 @@ SHIM_EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
     Mr* m = to_mr(mr);
     emu::Status st = to_ctx(mr->context)->emu_->dereg_mr(m->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while a MW is bound
+    pd_release(mr->pd);
     m->emu_->user_context = nullptr;
     delete m;
     return 0;

@@ -406,10 +406,6 @@ TEST_F(ErrnoTest, UnsupportedVerbs) {
   errno = 0;
   EXPECT_EQ(ibv_create_wq(ctx_, &wa), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
-  ibv_td_init_attr ta{};
-  errno = 0;
-  EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
   errno = 0;
   EXPECT_EQ(ibv_attach_mcast(nullptr, nullptr, 0), EOPNOTSUPP);
   EXPECT_EQ(errno, EOPNOTSUPP);

@@ -1,6 +1,7 @@
 // Verbs beyond the RC core through the shim, end to end on loopback (issue 14): ibv_rereg_mr
 // with a new address or a new PD followed by traffic, the reset that recovers from it (its
-// stale completions leave the CQ), and the errno each verb gives for bad input.
+// stale completions leave the CQ), thread and parent domains, and the errno each verb gives
+// for bad input.
 // Two RC QPs of one context connected to each other, each with its own CQ (as rdma-core's
 // tests/test_mr.py does).
 #include <gtest/gtest.h>
@@ -399,6 +400,160 @@ TEST_F(VerbsExtTest, ModifyCqBadInput) {
   EXPECT_EQ(errno, EINVAL);
   m.moderate.cq_period = 4095;
   EXPECT_EQ(ibv_modify_cq(cq_[0], &m), 0);
+}
+
+// ------------------------------------------------------------------ TD and parent domain
+
+int g_pd_alloc_calls = 0;
+void* counting_alloc(ibv_pd*, void*, size_t, size_t, uint64_t) {
+  ++g_pd_alloc_calls;
+  return IBV_ALLOCATOR_USE_DEFAULT;
+}
+void counting_free(ibv_pd*, void*, void*, uint64_t) {}
+
+TEST_F(VerbsExtTest, ThreadAndParentDomainBadInputAndDeallocOrder) {
+  ibv_td_init_attr ta{};
+  ta.comp_mask = 1;  // no attribute is defined (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ta.comp_mask = 0;
+  ibv_td* td = ibv_alloc_td(ctx_, &ta);
+  ASSERT_NE(td, nullptr) << strerror(errno);
+  EXPECT_EQ(td->context, ctx_);
+
+  ibv_parent_domain_init_attr pa{};
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);  // pd is required
+  EXPECT_EQ(errno, EINVAL);
+  pa.pd = pd_;
+  pa.td = td;
+  pa.comp_mask = 1u << 7;  // unknown bit
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;  // allocators named, none given
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.pd_context = this;
+  ibv_pd* par = ibv_alloc_parent_domain(ctx_, &pa);
+  ASSERT_NE(par, nullptr) << strerror(errno);
+  EXPECT_EQ(par->context, ctx_);
+
+  ibv_parent_domain_init_attr nested{};
+  nested.pd = par;  // wrong type: a parent domain over a parent domain
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &nested), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 4;
+  cx.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  cx.parent_domain = pd_;  // wrong type: a plain PD (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  // Dealloc order (mlx5's refcounts): TD and PD are busy while the parent domain lives; the
+  // parent domain is busy while an object created on it lives.
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_td(td), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  ibv_mr* mr = ibv_reg_mr(par, buf_[0].data(), kLen, kAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(mr->pd, par);
+  cx.parent_domain = par;
+  ibv_cq_ex* pcq = ibv_create_cq_ex(ctx_, &cx);
+  ASSERT_NE(pcq, nullptr) << strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);  // the CQ still holds it
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(pcq)), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
+}
+
+// A QP, its CQ and its receive MR all on a parent domain (with a TD and custom allocators)
+// take a SEND from the fixture's QP 0, whose MR is on the parent domain's PD; the
+// allocators are never called (softrnic's queues are engine memory: README).
+TEST_F(VerbsExtTest, ParentDomainQpCqMrCarryTraffic) {
+  ibv_td_init_attr ta{};
+  ibv_td* td = ibv_alloc_td(ctx_, &ta);
+  ASSERT_NE(td, nullptr);
+  ibv_parent_domain_init_attr pa{};
+  pa.pd = pd_;
+  pa.td = td;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.alloc = counting_alloc;
+  pa.free = counting_free;
+  pa.pd_context = this;
+  ibv_pd* par = ibv_alloc_parent_domain(ctx_, &pa);
+  ASSERT_NE(par, nullptr) << strerror(errno);
+  g_pd_alloc_calls = 0;
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 16;
+  cx.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  cx.parent_domain = par;
+  ibv_cq_ex* pcqx = ibv_create_cq_ex(ctx_, &cx);
+  ASSERT_NE(pcqx, nullptr) << strerror(errno);
+  ibv_cq* pcq = ibv_cq_ex_to_cq(pcqx);
+  std::vector<uint8_t> dst(kLen, 0);
+  ibv_mr* pmr = ibv_reg_mr(par, dst.data(), kLen, kAccess);
+  ASSERT_NE(pmr, nullptr);
+  ibv_qp_init_attr_ex qa{};
+  qa.qp_type = IBV_QPT_RC;
+  qa.send_cq = pcq;
+  qa.recv_cq = pcq;
+  qa.cap.max_send_wr = 4;
+  qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+  qa.pd = par;
+  ibv_qp* pqp = ibv_create_qp_ex(ctx_, &qa);
+  ASSERT_NE(pqp, nullptr) << strerror(errno);
+  EXPECT_EQ(pqp->pd, par);
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(qp_[0], &r, IBV_QP_STATE), 0);
+  ASSERT_EQ(rc_connect(qp_[0], pqp->qp_num, gid_, kAccess, 4), 0);
+  ASSERT_EQ(rc_connect(pqp, qp_[0]->qp_num, gid_, kAccess, 4), 0);
+
+  ibv_sge rs{reinterpret_cast<uintptr_t>(dst.data()), kLen, pmr->lkey};
+  ibv_recv_wr rw{};
+  rw.wr_id = 7;
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(pqp, &rw, &bad_r), 0);
+  std::memset(buf_[0].data(), 0x6C, kLen);
+  post_send(0, 8);
+  ibv_wc s = poll(0);
+  EXPECT_EQ(s.status, IBV_WC_SUCCESS) << ibv_wc_status_str(s.status);
+  ibv_wc wc{};
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int n = 0;
+  while ((n = ibv_poll_cq(pcq, 1, &wc)) == 0 && std::chrono::steady_clock::now() < end) {
+  }
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.byte_len, kLen);
+  EXPECT_EQ(std::memcmp(dst.data(), buf_[0].data(), kLen), 0);
+  EXPECT_EQ(g_pd_alloc_calls, 0);
+
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);
+  EXPECT_EQ(ibv_destroy_qp(pqp), 0);
+  EXPECT_EQ(ibv_dereg_mr(pmr), 0);
+  EXPECT_EQ(ibv_destroy_cq(pcq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
 }
 
 }  // namespace
