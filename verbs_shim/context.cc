@@ -51,7 +51,7 @@ void fill_ops(Context* ctx) {
 
   verbs_context& v = ctx->vctx_;
   v.query_port = op_query_port;
-  v.advise_mr = uns_advise_mr;
+  v.advise_mr = op_advise_mr;
   v.alloc_null_mr = uns_alloc_null_mr;
   v.read_counters = uns_read_counters;
   v.attach_counters_point_flow = uns_attach_counters_point_flow;

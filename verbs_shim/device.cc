@@ -598,6 +598,17 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | compat::kDeviceFlushGlobal |
                              compat::kDeviceAtomicWrite;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+  // ODP: every access goes through the fault-safe path (emu/objects/memory.h), whatever the
+  // transport or opcode; an ODP MR is simply not pinned. Implicit ODP: the whole space.
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  full.odp_caps.per_transport_caps.rc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   size_t n = attr_size < sizeof full ? attr_size : sizeof full;
   std::memcpy(attr, &full, n);
   return 0;

@@ -38,13 +38,14 @@ int op_dealloc_mw(ibv_mw* mw);
 ibv_td* op_alloc_td(ibv_context* ctx, ibv_td_init_attr* init);
 int op_dealloc_td(ibv_td* td);
 ibv_pd* op_alloc_parent_domain(ibv_context* ctx, ibv_parent_domain_init_attr* attr);
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge);
 
 // ops_unsupported.cc: EOPNOTSUPP for everything softrnic does not model.
 int uns_compat_query_device(ibv_context*, ibv_device_attr*);
 int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*);
 void* uns_compat_void();
 void uns_abi_placeholder();
-int uns_advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t);
 ibv_mr* uns_alloc_null_mr(ibv_pd*);
 int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t);
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*);

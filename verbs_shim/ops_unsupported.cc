@@ -26,7 +26,6 @@ int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*) 
 }
 void* uns_compat_void() { return enull<void>(); }
 void uns_abi_placeholder() {}
-int uns_advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) { return eopnotsupp(); }
 ibv_mr* uns_alloc_null_mr(ibv_pd*) { return enull<ibv_mr>(); }
 int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t) { return eopnotsupp(); }
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*) { return eopnotsupp(); }

@@ -170,6 +170,34 @@ ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr
   });
 }
 
+// ibv_advise_mr (ibv_advise_mr(3)): flags other than IBV_ADVISE_MR_FLAG_FLUSH, no SGE or no
+// PD: EINVAL; an advice other than PREFETCH, PREFETCH_WRITE, PREFETCH_NO_FAULT: EOPNOTSUPP;
+// an lkey that is not an ODP MR of this PD (or lacks LOCAL_WRITE for PREFETCH_WRITE), a
+// range outside it, or (with FLUSH) pages that cannot be faulted in: EFAULT. Without FLUSH
+// the prefetch is a hint: done now, its page faults ignored.
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge) {
+  if (pd == nullptr || (flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH)) != 0 ||
+      sg_list == nullptr || num_sge == 0)
+    return fail_errno(EINVAL);
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return fail_errno(EOPNOTSUPP);
+  if (inherited(pd->context)) return fail_errno(EIO);
+  return guard_int([&] {
+    emu::Device* dev = to_ctx(pd->context)->emu_;
+    const emu::Pd* epd = to_pd(pd)->emu_.get();
+    for (uint32_t i = 0; i < num_sge; ++i) {
+      emu::Sge s{sg_list[i].addr, sg_list[i].length, sg_list[i].lkey};
+      emu::Status st = dev->advise_mr(epd, s, advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                                      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+                                      (flags & IBV_ADVISE_MR_FLAG_FLUSH) != 0);
+      if (!st.is_ok()) return err_of(st);
+    }
+    return 0;
+  });
+}
+
 }  // namespace rnic::shim
 
 // ---------------------------------------------------------------------------------------

@@ -65,7 +65,6 @@ HARDWARE = [
 NOT_BUILT_YET = [
     ('XRC domains (ibv_open_xrcd)', r'^Create XRCD is not supported$', 7),
     ('device memory (ibv_alloc_dm)', r'^Device memory is not supported$', 14),
-    ('ODP (IBV_ACCESS_ON_DEMAND, ibv_advise_mr)', r'^ODP is not supported - No ODP caps$', 14),
     ('tag matching (IBV_WC_EX_WITH_TM_INFO CQs, TM SRQs)', r'^Extended CQ is not supported$', 4),
     ('shared PD: ibv_import_device / ibv_import_pd / ibv_import_mr',
      r'^Importing a device is not supported$', 1),

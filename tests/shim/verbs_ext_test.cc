@@ -1,6 +1,6 @@
 // Verbs beyond the RC core through the shim, end to end on loopback (issue 14): ibv_rereg_mr
 // with a new address or a new PD followed by traffic, the reset that recovers from it (its
-// stale completions leave the CQ), thread and parent domains, and the errno each verb gives
+// stale completions leave the CQ), thread and parent domains, ODP, and the errno each verb gives
 // for bad input.
 // Two RC QPs of one context connected to each other, each with its own CQ (as rdma-core's
 // tests/test_mr.py does).
@@ -10,6 +10,8 @@
 #include <infiniband/verbs.h>
 
 #include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -554,6 +556,144 @@ TEST_F(VerbsExtTest, ParentDomainQpCqMrCarryTraffic) {
   EXPECT_EQ(ibv_destroy_cq(pcq), 0);
   EXPECT_EQ(ibv_dealloc_pd(par), 0);
   EXPECT_EQ(ibv_dealloc_td(td), 0);
+}
+
+// ------------------------------------------------------------------ ODP
+
+constexpr int kOdpAccess = kAccess | IBV_ACCESS_ON_DEMAND;
+
+// Fresh anonymous pages (not resident until touched), unmapped at scope exit.
+struct Pages {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t n;
+  uint8_t* p;
+  explicit Pages(size_t np) : n(np) {
+    void* m = mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+  }
+  ~Pages() {
+    if (p) munmap(p, n * page);
+  }
+  bool resident(size_t i) const {
+    unsigned char v = 0;
+    return mincore(p + i * page, page, &v) == 0 && (v & 1);
+  }
+};
+
+int advise(ibv_pd* pd, ibv_advise_mr_advice a, uint32_t flags, uint64_t addr, uint32_t len,
+           uint32_t lkey) {
+  ibv_sge s{addr, len, lkey};
+  return ibv_advise_mr(pd, a, flags, &s, 1);
+}
+
+TEST_F(VerbsExtTest, OdpCapsAndAdviseMrErrnos) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});
+  const uint32_t rc = ax.odp_caps.per_transport_caps.rc_odp_caps;
+  EXPECT_EQ(rc & (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV),
+            rc);
+  EXPECT_NE(ax.odp_caps.per_transport_caps.ud_odp_caps & IBV_ODP_SUPPORT_SEND, 0u);
+
+  Pages pg(4);
+  ASSERT_NE(pg.p, nullptr);
+  ASSERT_EQ(munmap(pg.p + 3 * pg.page, pg.page), 0);  // page 3: a hole inside the MR
+  ibv_mr* m = ibv_reg_mr(pd_, pg.p, 4 * pg.page, kOdpAccess);  // ODP: holes allowed
+  ASSERT_NE(m, nullptr) << strerror(errno);
+  ibv_mr* ro = ibv_reg_mr(pd_, pg.p, pg.page, IBV_ACCESS_ON_DEMAND);  // no LOCAL_WRITE
+  ASSERT_NE(ro, nullptr) << strerror(errno);
+  const uint64_t a = reinterpret_cast<uintptr_t>(pg.p);
+  const auto pf = IBV_ADVISE_MR_ADVICE_PREFETCH;
+  const auto pfw = IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+  struct Case {
+    const char* what;
+    int got;
+    int want;
+  } cases[] = {
+      {"unknown flag", advise(pd_, pf, 2, a, 64, m->lkey), EINVAL},
+      {"no SGE", ibv_advise_mr(pd_, pf, 0, nullptr, 0), EINVAL},
+      {"unknown advice", advise(pd_, static_cast<ibv_advise_mr_advice>(9), 0, a, 64, m->lkey),
+       EOPNOTSUPP},
+      {"bad lkey", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH, a, 64, m->lkey ^ 0x100), EFAULT},
+      {"not an ODP MR", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH,
+                               reinterpret_cast<uintptr_t>(buf_[0].data()), 64, mr_[0]->lkey),
+       EFAULT},
+      {"past the end", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH, a + 4 * pg.page - 8, 16, m->lkey),
+       EFAULT},
+      {"write without LOCAL_WRITE", advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a, 64, ro->lkey),
+       EFAULT},
+      {"sync prefetch of the hole", advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a + 3 * pg.page,
+                                          64, m->lkey), EFAULT},
+      {"async prefetch of the hole (a hint)", advise(pd_, pf, 0, a + 3 * pg.page, 64, m->lkey), 0},
+  };
+  for (const Case& c : cases) EXPECT_EQ(c.got, c.want) << c.what;
+  errno = 0;
+  EXPECT_EQ(advise(pd_, pf, 0, a, 64, 0xdead00), EFAULT);
+  EXPECT_EQ(errno, EFAULT);
+
+  EXPECT_FALSE(pg.resident(1));
+  EXPECT_EQ(advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a + pg.page, 64, m->lkey), 0);
+  EXPECT_TRUE(pg.resident(1));  // faulted in by the prefetch
+  EXPECT_EQ(advise(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, IBV_ADVISE_MR_FLAG_FLUSH,
+                   a + 2 * pg.page, 64, m->lkey), 0);
+  EXPECT_FALSE(pg.resident(2));  // NO_FAULT maps only what is present
+
+  // Implicit ODP needs ON_DEMAND; rereg cannot change ODP-ness.
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, kAccess),
+            IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ibv_dereg_mr(ro), 0);
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+}
+
+// Traffic through ODP MRs: a SEND from an implicit ODP MR (the whole address space) into an
+// explicit ODP MR over pages never touched, then an RDMA WRITE into it whose target page was
+// unmapped after registration: a page fault the NIC cannot resolve, REM_ACCESS_ERR.
+TEST_F(VerbsExtTest, OdpSendIntoUntouchedPagesThenWriteIntoAHole) {
+  ibv_mr* imp = ibv_reg_mr(pd_, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(imp, nullptr) << strerror(errno);
+  Pages pg(2);
+  ASSERT_NE(pg.p, nullptr);
+  ibv_mr* odp = ibv_reg_mr(pd_, pg.p, 2 * pg.page, kOdpAccess);
+  ASSERT_NE(odp, nullptr) << strerror(errno);
+  EXPECT_FALSE(pg.resident(0));
+  post_recv(1, pg.p, odp->lkey, 30);
+  std::memset(buf_[0].data(), 0x3C, kLen);
+  ibv_sge s{reinterpret_cast<uintptr_t>(buf_[0].data()), kLen, imp->lkey};
+  ibv_send_wr w{};
+  w.wr_id = 31;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc sc = poll(0);
+  EXPECT_EQ(sc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(sc.status);
+  ibv_wc rc = poll(1);
+  EXPECT_EQ(rc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(rc.byte_len, kLen);
+  EXPECT_EQ(std::memcmp(pg.p, buf_[0].data(), kLen), 0);
+
+  ASSERT_EQ(munmap(pg.p + pg.page, pg.page), 0);
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr_id = 32;
+  w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(pg.p + pg.page);
+  w.wr.rdma.rkey = odp->rkey;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  // Remap the page so ~Pages unmaps what it mapped.
+  void* back = mmap(pg.p + pg.page, pg.page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  EXPECT_NE(back, MAP_FAILED);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+  EXPECT_EQ(ibv_dereg_mr(imp), 0);
 }
 
 }  // namespace
