@@ -57,9 +57,9 @@ void fill_ops(Context* ctx) {
   v.attach_counters_point_flow = uns_attach_counters_point_flow;
   v.create_counters = uns_create_counters;
   v.destroy_counters = uns_destroy_counters;
-  v.reg_dm_mr = uns_reg_dm_mr;
-  v.alloc_dm = uns_alloc_dm;
-  v.free_dm = uns_free_dm;
+  v.reg_dm_mr = op_reg_dm_mr;
+  v.alloc_dm = op_alloc_dm;
+  v.free_dm = op_free_dm;
   v.modify_flow_action_esp = uns_modify_flow_action_esp;
   v.destroy_flow_action = uns_destroy_flow_action;
   v.create_flow_action_esp = uns_create_flow_action_esp;

@@ -38,6 +38,9 @@ int op_dealloc_mw(ibv_mw* mw);
 ibv_td* op_alloc_td(ibv_context* ctx, ibv_td_init_attr* init);
 int op_dealloc_td(ibv_td* td);
 ibv_pd* op_alloc_parent_domain(ibv_context* ctx, ibv_parent_domain_init_attr* attr);
+ibv_dm* op_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int op_free_dm(ibv_dm* dm);
+ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t length, unsigned int access);
 int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
                  uint32_t num_sge);
 
@@ -51,9 +54,6 @@ int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t);
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*);
 ibv_counters* uns_create_counters(ibv_context*, ibv_counters_init_attr*);
 int uns_destroy_counters(ibv_counters*);
-ibv_mr* uns_reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int);
-ibv_dm* uns_alloc_dm(ibv_context*, ibv_alloc_dm_attr*);
-int uns_free_dm(ibv_dm*);
 int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*);
 int uns_destroy_flow_action(ibv_flow_action*);
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*);

@@ -31,9 +31,6 @@ int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t) { return eop
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*) { return eopnotsupp(); }
 ibv_counters* uns_create_counters(ibv_context*, ibv_counters_init_attr*) { return enull<ibv_counters>(); }
 int uns_destroy_counters(ibv_counters*) { return eopnotsupp(); }
-ibv_mr* uns_reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int) { return enull<ibv_mr>(); }
-ibv_dm* uns_alloc_dm(ibv_context*, ibv_alloc_dm_attr*) { return enull<ibv_dm>(); }
-int uns_free_dm(ibv_dm*) { return eopnotsupp(); }
 int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*) { return eopnotsupp(); }
 int uns_destroy_flow_action(ibv_flow_action*) { return eopnotsupp(); }
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*) { return enull<ibv_flow_action>(); }

@@ -319,6 +319,7 @@ SHIM_EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
     emu::Status st = to_ctx(mr->context)->emu_->dereg_mr(m->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while a MW is bound
     pd_release(mr->pd);
+    if (m->dm_ != nullptr) m->dm_->mrs_.fetch_sub(1);
     m->emu_->user_context = nullptr;
     delete m;
     return 0;

@@ -141,9 +141,20 @@ inline void pd_release(ibv_pd* p) {
   if (is_parent_domain(p)) to_pd(p)->users_.fetch_sub(1);
 }
 
+// Device memory (dm.cc): an anonymous mapping of the engine's, counted in Host::dm_used_.
+constexpr uint64_t kMaxDmSize = 128 * 1024;  // max_dm_size: the device's whole pool
+struct Dm {
+  ibv_dm pub_;
+  void* buf_ = nullptr;
+  uint64_t len_ = 0;
+  std::atomic<uint32_t> mrs_{0};  // MRs over it (free_dm: EBUSY)
+};
+inline Dm* to_dm(ibv_dm* d) { return reinterpret_cast<Dm*>(d); }
+
 struct Mr {
   ibv_mr pub_;
   std::shared_ptr<emu::Mr> emu_;
+  Dm* dm_ = nullptr;  // ibv_reg_dm_mr: the DM it lies in
 };
 inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 

@@ -490,8 +490,23 @@ Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64
     if (Status st = check_mr_range(addr, length, access, attr_.max_mr_size); !st) return st;
   }
   mem_->prepare();  // the fault guard is in place before any rkey can be used
-  auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange,
-                                 odp ? nullptr : pin_range(addr, length, cfg_.pin));
+  return add_mr(std::make_shared<Mr>(*this, pd, addr, length, iova,
+                                     access & ~kAccessOptionalRange,
+                                     odp ? nullptr : pin_range(addr, length, cfg_.pin)));
+}
+
+Result<std::shared_ptr<Mr>> Device::reg_dm_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
+                                              uint64_t length, uint32_t access) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (addr + length < addr) return Errc::kInval;
+  if (Status st = check_mr_access(access); !st) return st;
+  mem_->prepare();
+  return add_mr(std::make_shared<Mr>(*this, pd, addr, length, 0, access & ~kAccessOptionalRange,
+                                     nullptr));
+}
+
+Result<std::shared_ptr<Mr>> Device::add_mr(std::shared_ptr<Mr> mr) {
+  const std::shared_ptr<Pd>& pd = mr->pd_;
   Result<uint32_t> h = mrs_.insert_next(mr);
   if (!h) return h.error();
   mr->handle_ = *h;

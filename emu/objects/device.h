@@ -227,6 +227,12 @@ class Device : public std::enable_shared_from_this<Device> {
                   const std::shared_ptr<Pd>& pd, uint64_t addr, uint64_t length,
                   uint32_t access);
   Status dereg_mr(const std::shared_ptr<Mr>& mr);  // EBUSY while a MW is bound
+  // ibv_reg_dm_mr: an MR over device memory at [addr, addr+length) (engine memory the shim
+  // allocated: not pinned, not checked against the mappings), iova 0 (zero-based). Length 0
+  // is allowed (the kernel accepts an empty DM MR: a key that names no byte). EINVAL as
+  // reg_mr for a foreign PD, a wrapping range or bad access.
+  Result<std::shared_ptr<Mr>> reg_dm_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
+                                        uint64_t length, uint32_t access);
   // ibv_advise_mr for one SGE (PREFETCH, PREFETCH_WRITE: write = true, PREFETCH_NO_FAULT:
   // fault_in = false). EFAULT (ibv_advise_mr(3)) unless the lkey names a live ODP MR of `pd`,
   // with LOCAL_WRITE for a write advice, and [addr, addr+length) lies inside it. fault_in:
@@ -298,6 +304,7 @@ class Device : public std::enable_shared_from_this<Device> {
   static uint64_t now_ns();
 
  private:
+  Result<std::shared_ptr<Mr>> add_mr(std::shared_ptr<Mr> mr);  // reg_mr, reg_dm_mr: tables
   static void release_pin(Mr& mr);  // dereg_mr, close: drop the MR's pin (pin.h)
   explicit Device(const DeviceConfig& cfg);
   friend class Cq;

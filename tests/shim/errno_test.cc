@@ -397,11 +397,6 @@ TEST_F(ErrnoTest, UnsupportedVerbs) {
   errno = 0;
   EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
-  ibv_alloc_dm_attr dm{};
-  dm.length = 64;
-  errno = 0;
-  EXPECT_EQ(ibv_alloc_dm(ctx_, &dm), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
   ibv_wq_init_attr wa{};
   errno = 0;
   EXPECT_EQ(ibv_create_wq(ctx_, &wa), nullptr);

@@ -1,7 +1,7 @@
 // Verbs beyond the RC core through the shim, end to end on loopback (issue 14): ibv_rereg_mr
 // with a new address or a new PD followed by traffic, the reset that recovers from it (its
-// stale completions leave the CQ), thread and parent domains, ODP, and the errno each verb gives
-// for bad input.
+// stale completions leave the CQ), thread and parent domains, ODP, device memory, and the
+// errno each verb gives for bad input.
 // Two RC QPs of one context connected to each other, each with its own CQ (as rdma-core's
 // tests/test_mr.py does).
 #include <gtest/gtest.h>
@@ -694,6 +694,153 @@ TEST_F(VerbsExtTest, OdpSendIntoUntouchedPagesThenWriteIntoAHole) {
   EXPECT_NE(back, MAP_FAILED);
   EXPECT_EQ(ibv_dereg_mr(odp), 0);
   EXPECT_EQ(ibv_dereg_mr(imp), 0);
+}
+
+// ------------------------------------------------------------------ device memory
+
+TEST_F(VerbsExtTest, DeviceMemoryErrnosAndLimits) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  ASSERT_GT(ax.max_dm_size, 0u);
+  ibv_alloc_dm_attr da{};
+  struct Case {
+    const char* what;
+    uint64_t length;
+    uint32_t log_align;
+    uint32_t comp_mask;
+    int want;
+  } cases[] = {
+      {"length 0", 0, 0, 0, EINVAL},
+      {"above max_dm_size", ax.max_dm_size + 4, 0, 0, EINVAL},
+      {"unknown comp_mask", 64, 0, 1, EINVAL},
+      {"alignment above a page", 64, 13, 0, EINVAL},
+  };
+  for (const Case& c : cases) {
+    da.length = c.length;
+    da.log_align_req = c.log_align;
+    da.comp_mask = c.comp_mask;
+    errno = 0;
+    EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr) << c.what;
+    EXPECT_EQ(errno, c.want) << c.what;
+  }
+  // The pool: two halves fit, a third allocation does not (ENOMEM) until one is freed.
+  da = {};
+  da.length = ax.max_dm_size / 2;
+  da.log_align_req = 6;
+  ibv_dm* a = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(a, nullptr) << strerror(errno);
+  ibv_dm* b = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(b, nullptr) << strerror(errno);
+  da.length = 4;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+
+  // memcpy: 4-byte aligned offset and length (EINVAL), inside the DM (EFAULT).
+  uint32_t w[4] = {1, 2, 3, 4}, r[4] = {};
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 2, w, 8), EINVAL);
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 0, w, 6), EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_memcpy_from_dm(r, a, ax.max_dm_size / 2 - 4, 8), EFAULT);
+  EXPECT_EQ(errno, EFAULT);
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 16, w, sizeof w), 0);
+  EXPECT_EQ(ibv_memcpy_from_dm(r, a, 16, sizeof r), 0);
+  EXPECT_EQ(std::memcmp(w, r, sizeof w), 0);
+
+  // reg_dm_mr: ZERO_BASED required, only the four DM rights may join it, range inside.
+  const unsigned zb = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE;
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 0, 64, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 0, 64, zb | IBV_ACCESS_MW_BIND), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 8, ax.max_dm_size / 2, zb), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* m = ibv_reg_dm_mr(pd_, a, 0, 64, zb);
+  ASSERT_NE(m, nullptr) << strerror(errno);
+  EXPECT_EQ(m->addr, nullptr);
+  errno = 0;
+  EXPECT_EQ(ibv_free_dm(a), EBUSY);  // an MR lies in it
+  EXPECT_EQ(errno, EBUSY);
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_free_dm(a), 0);
+  EXPECT_EQ(ibv_free_dm(b), 0);
+  da.length = ax.max_dm_size;  // the whole pool is free again
+  ibv_dm* all = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(all, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_free_dm(all), 0);
+}
+
+// Device memory on the data path, zero-based: QP 0 SENDs from a DM MR (a local SGE whose
+// address is an offset into the MR) into QP 1's ordinary buffer, then RDMA WRITEs into a
+// second DM MR at remote address 16 (an offset) and READs it back.
+TEST_F(VerbsExtTest, DeviceMemoryAsLocalSgeAndRemoteTarget) {
+  ibv_alloc_dm_attr da{};
+  da.length = 2 * kLen;
+  ibv_dm* src = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(src, nullptr) << strerror(errno);
+  ibv_dm* dst = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(dst, nullptr);
+  const unsigned acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE |
+                       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  ibv_mr* smr = ibv_reg_dm_mr(pd_, src, kLen, kLen, acc);  // the DM's second half
+  ASSERT_NE(smr, nullptr) << strerror(errno);
+  ibv_mr* dmr = ibv_reg_dm_mr(pd_, dst, 0, 2 * kLen, acc);
+  ASSERT_NE(dmr, nullptr) << strerror(errno);
+  std::vector<uint8_t> pat(kLen);
+  for (uint32_t i = 0; i < kLen; ++i) pat[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_EQ(ibv_memcpy_to_dm(src, kLen, pat.data(), kLen), 0);
+
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 40);
+  ibv_sge s{0, kLen, smr->lkey};  // offset 0 of the zero-based MR
+  ibv_send_wr w{};
+  w.wr_id = 41;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  EXPECT_EQ(poll(0).status, IBV_WC_SUCCESS);
+  ibv_wc rc = poll(1);
+  EXPECT_EQ(rc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(std::memcmp(buf_[1].data(), pat.data(), kLen), 0);
+
+  w.wr_id = 42;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr.rdma.remote_addr = 16;
+  w.wr.rdma.rkey = dmr->rkey;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  std::vector<uint8_t> got(kLen);
+  ASSERT_EQ(ibv_memcpy_from_dm(got.data(), dst, 16, kLen), 0);
+  EXPECT_EQ(got, pat);
+
+  std::memset(buf_[0].data(), 0, kLen);
+  ibv_sge ls{reinterpret_cast<uintptr_t>(buf_[0].data()), kLen, mr_[0]->lkey};
+  w.wr_id = 43;
+  w.sg_list = &ls;
+  w.opcode = IBV_WR_RDMA_READ;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(std::memcmp(buf_[0].data(), pat.data(), kLen), 0);
+
+  // Past the DM MR's end (zero-based length 2 * kLen): Remote Access error.
+  w.wr_id = 44;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr.rdma.remote_addr = 2 * kLen - 8;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+
+  EXPECT_EQ(ibv_dereg_mr(smr), 0);
+  EXPECT_EQ(ibv_dereg_mr(dmr), 0);
+  EXPECT_EQ(ibv_free_dm(src), 0);
+  EXPECT_EQ(ibv_free_dm(dst), 0);
 }
 
 }  // namespace
