@@ -180,8 +180,12 @@ int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sg
   if (pd == nullptr || (flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH)) != 0 ||
       sg_list == nullptr || num_sge == 0)
     return fail_errno(EINVAL);
-  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
-      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+  // The caller may pass any number as the enum: read its bits, not the enum (UBSan).
+  uint32_t adv = 0;
+  static_assert(sizeof adv == sizeof advice);
+  std::memcpy(&adv, &advice, sizeof adv);
+  if (adv != IBV_ADVISE_MR_ADVICE_PREFETCH && adv != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      adv != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
     return fail_errno(EOPNOTSUPP);
   if (inherited(pd->context)) return fail_errno(EIO);
   return guard_int([&] {
@@ -189,8 +193,8 @@ int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sg
     const emu::Pd* epd = to_pd(pd)->emu_.get();
     for (uint32_t i = 0; i < num_sge; ++i) {
       emu::Sge s{sg_list[i].addr, sg_list[i].length, sg_list[i].lkey};
-      emu::Status st = dev->advise_mr(epd, s, advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
-                                      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+      emu::Status st = dev->advise_mr(epd, s, adv == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                                      adv != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
                                       (flags & IBV_ADVISE_MR_FLAG_FLUSH) != 0);
       if (!st.is_ok()) return err_of(st);
     }

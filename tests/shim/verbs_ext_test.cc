@@ -613,7 +613,7 @@ TEST_F(VerbsExtTest, OdpCapsAndAdviseMrErrnos) {
   } cases[] = {
       {"unknown flag", advise(pd_, pf, 2, a, 64, m->lkey), EINVAL},
       {"no SGE", ibv_advise_mr(pd_, pf, 0, nullptr, 0), EINVAL},
-      {"unknown advice", advise(pd_, static_cast<ibv_advise_mr_advice>(9), 0, a, 64, m->lkey),
+      {"unknown advice", advise(pd_, static_cast<ibv_advise_mr_advice>(3), 0, a, 64, m->lkey),
        EOPNOTSUPP},
       {"bad lkey", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH, a, 64, m->lkey ^ 0x100), EFAULT},
       {"not an ODP MR", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH,
