@@ -55,6 +55,7 @@ SHIM_EXPORT struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* 
     a->pub_.context = pd->context;
     a->pub_.pd = pd;
     a->pub_.handle = a->emu_->handle();
+    pd_hold(pd);
     return &a->pub_;
   });
 }
@@ -66,6 +67,7 @@ SHIM_EXPORT int ibv_destroy_ah(struct ibv_ah* ah) {
     Ah* a = to_ah(ah);
     emu::Status st = to_ctx(ah->context)->emu_->destroy_ah(a->emu_);
     if (!st.is_ok()) return err_of(st);
+    pd_release(ah->pd);
     a->emu_->user_context = nullptr;
     delete a;
     return 0;

@@ -176,8 +176,14 @@ ibv_cq_ex* op_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
     if (inherited(context)) return static_cast<ibv_cq_ex*>(null_errno(EIO));
     if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
       return static_cast<ibv_cq_ex*>(null_errno(EINVAL));
-    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && attr->parent_domain != nullptr)
-      return static_cast<ibv_cq_ex*>(null_errno(EOPNOTSUPP));  // no parent domains
+    // IBV_CQ_INIT_ATTR_MASK_PD names a parent domain of this context; a plain PD or none
+    // is EINVAL (mlx5). The CQ holds it (its dealloc is EBUSY until the CQ is destroyed).
+    ibv_pd* parent = nullptr;
+    if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+      parent = attr->parent_domain;
+      if (!is_parent_domain(parent) || parent->context != context)
+        return static_cast<ibv_cq_ex*>(null_errno(EINVAL));
+    }
     if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
         (attr->flags & ~static_cast<uint32_t>(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)))
       return static_cast<ibv_cq_ex*>(null_errno(EOPNOTSUPP));
@@ -186,7 +192,10 @@ ibv_cq_ex* op_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
     if (attr->comp_vector > 0x7fffffffu) return static_cast<ibv_cq_ex*>(null_errno(EINVAL));
     Cq* c = create_cq_common(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
                              static_cast<int>(attr->comp_vector), attr->wc_flags);
-    return c ? &c->pub_ : nullptr;
+    if (c == nullptr) return nullptr;
+    c->parent_domain_ = parent;
+    pd_hold(parent);
+    return &c->pub_;
   });
 }
 
@@ -239,6 +248,7 @@ SHIM_EXPORT int ibv_destroy_cq(struct ibv_cq* cq) {
     ibv_context* context = cq->context;
     emu::Status st = to_ctx(context)->emu_->destroy_cq(c->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while QPs use it
+    pd_release(c->parent_domain_);
     if (cq->channel != nullptr) {
       pthread_mutex_lock(&context->mutex);
       --cq->channel->refcnt;

@@ -274,9 +274,11 @@ SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
 // ---------------------------------------------------------------------------------------
 // Queries.
 
+// Both device queries also answer on a context a forked child inherited: they read only the
+// device's fixed attributes (no engine lock, no socket), as a kernel-shared context would
+// (rdma-core's multi-process DM test queries max_dm_size in its children).
 SHIM_EXPORT int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr) {
   if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
-  if (inherited(context)) return fail_errno(EIO);
   fill_device_attr(to_ctx(context), attr);
   return 0;
 }
@@ -580,7 +582,6 @@ int op_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr, size_
 int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in,
                        ibv_device_attr_ex* attr, size_t attr_size) {
   if (context == nullptr || attr == nullptr) return fail_errno(EINVAL);
-  if (inherited(context)) return fail_errno(EIO);
   if (in != nullptr && in->comp_mask != 0) return fail_errno(EINVAL);
   if (attr_size < sizeof(ibv_device_attr)) return fail_errno(EINVAL);
   ibv_device_attr_ex full;
@@ -598,6 +599,21 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | compat::kDeviceFlushGlobal |
                              compat::kDeviceAtomicWrite;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+  full.max_dm_size = kMaxDmSize;  // device memory (dm.cc)
+  // ODP: every access goes through the fault-safe path (emu/objects/memory.h), whatever the
+  // transport or opcode; an ODP MR is simply not pinned. Implicit ODP: the whole space.
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  full.odp_caps.per_transport_caps.rc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  // XRC: the RC requester and responder (receives land in XRC SRQs).
+  full.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                      IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
   size_t n = attr_size < sizeof full ? attr_size : sizeof full;
   std::memcpy(attr, &full, n);
   return 0;

@@ -39,6 +39,8 @@ struct Host {
   int stop_fd_ = -1;
   std::thread dispatcher_;
   uint64_t fork_gen_ = 0;  // g_fork_generation when started (see host_inherited)
+  std::atomic<uint64_t> dm_used_{0};  // bytes of device memory allocated (dm.cc)
+  std::atomic<uint32_t> dm_handles_{1};
 };
 
 // Fork safety. A pthread_atfork child handler (installed by the first host_acquire) bumps

@@ -40,28 +40,29 @@ int op_get_srq_num(ibv_srq* srq, uint32_t* num);
 ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int op_dealloc_mw(ibv_mw* mw);
+ibv_td* op_alloc_td(ibv_context* ctx, ibv_td_init_attr* init);
+int op_dealloc_td(ibv_td* td);
+ibv_pd* op_alloc_parent_domain(ibv_context* ctx, ibv_parent_domain_init_attr* attr);
+ibv_dm* op_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int op_free_dm(ibv_dm* dm);
+ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t length, unsigned int access);
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge);
 
 // ops_unsupported.cc: EOPNOTSUPP for everything softrnic does not model.
 int uns_compat_query_device(ibv_context*, ibv_device_attr*);
 int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*);
 void* uns_compat_void();
 void uns_abi_placeholder();
-int uns_advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t);
 ibv_mr* uns_alloc_null_mr(ibv_pd*);
 int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t);
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*);
 ibv_counters* uns_create_counters(ibv_context*, ibv_counters_init_attr*);
 int uns_destroy_counters(ibv_counters*);
-ibv_mr* uns_reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int);
-ibv_dm* uns_alloc_dm(ibv_context*, ibv_alloc_dm_attr*);
-int uns_free_dm(ibv_dm*);
 int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*);
 int uns_destroy_flow_action(ibv_flow_action*);
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*);
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*);
-ibv_pd* uns_alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
-int uns_dealloc_td(ibv_td*);
-ibv_td* uns_alloc_td(ibv_context*, ibv_td_init_attr*);
 int uns_post_srq_ops(ibv_srq*, ibv_ops_wr*, ibv_ops_wr**);
 int uns_destroy_rwq_ind_table(ibv_rwq_ind_table*);
 ibv_rwq_ind_table* uns_create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*);

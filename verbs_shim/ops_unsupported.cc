@@ -26,22 +26,15 @@ int uns_compat_query_port(ibv_context*, uint8_t, struct _compat_ibv_port_attr*) 
 }
 void* uns_compat_void() { return enull<void>(); }
 void uns_abi_placeholder() {}
-int uns_advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) { return eopnotsupp(); }
 ibv_mr* uns_alloc_null_mr(ibv_pd*) { return enull<ibv_mr>(); }
 int uns_read_counters(ibv_counters*, uint64_t*, uint32_t, uint32_t) { return eopnotsupp(); }
 int uns_attach_counters_point_flow(ibv_counters*, ibv_counter_attach_attr*, ibv_flow*) { return eopnotsupp(); }
 ibv_counters* uns_create_counters(ibv_context*, ibv_counters_init_attr*) { return enull<ibv_counters>(); }
 int uns_destroy_counters(ibv_counters*) { return eopnotsupp(); }
-ibv_mr* uns_reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int) { return enull<ibv_mr>(); }
-ibv_dm* uns_alloc_dm(ibv_context*, ibv_alloc_dm_attr*) { return enull<ibv_dm>(); }
-int uns_free_dm(ibv_dm*) { return eopnotsupp(); }
 int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*) { return eopnotsupp(); }
 int uns_destroy_flow_action(ibv_flow_action*) { return eopnotsupp(); }
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*) { return enull<ibv_flow_action>(); }
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*) { return eopnotsupp(); }
-ibv_pd* uns_alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) { return enull<ibv_pd>(); }
-int uns_dealloc_td(ibv_td*) { return eopnotsupp(); }
-ibv_td* uns_alloc_td(ibv_context*, ibv_td_init_attr*) { return enull<ibv_td>(); }
 int uns_post_srq_ops(ibv_srq*, ibv_ops_wr* op, ibv_ops_wr** bad) {
   if (bad) *bad = op;
   return eopnotsupp();

@@ -1,4 +1,4 @@
-// Protection domains, memory regions (reg/rereg/dereg, iova variants) and memory windows
+// Protection domains, thread and parent domains, memory regions (reg/rereg/dereg, iova variants) and memory windows
 // (alloc/dealloc, type-1 bind through ops.bind_mw).
 #include <cstring>
 
@@ -49,6 +49,7 @@ ibv_mr* reg_mr_common(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsi
     m->pub_.handle = m->emu_->handle();
     m->pub_.lkey = m->emu_->lkey();
     m->pub_.rkey = m->emu_->rkey();
+    pd_hold(pd);
     return &m->pub_;
   });
 }
@@ -70,6 +71,7 @@ ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
     w->pub_.rkey = w->emu_->rkey();
     w->pub_.handle = w->emu_->handle();
     w->pub_.type = type;
+    pd_hold(pd);
     return &w->pub_;
   });
 }
@@ -81,6 +83,7 @@ int op_dealloc_mw(ibv_mw* mw) {
     Mw* w = to_mw(mw);
     emu::Status st = to_ctx(mw->context)->emu_->dealloc_mw(w->emu_);
     if (!st.is_ok()) return err_of(st);
+    pd_release(mw->pd);
     w->emu_->user_context = nullptr;
     delete w;
     return 0;
@@ -112,6 +115,93 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
   });
 }
 
+// ibv_alloc_td: no attribute is defined yet (comp_mask != 0 -> EINVAL, as mlx5).
+ibv_td* op_alloc_td(ibv_context* context, ibv_td_init_attr* init) {
+  return guard_ptr<ibv_td>([&]() -> ibv_td* {
+    if (context == nullptr || init == nullptr || init->comp_mask != 0)
+      return static_cast<ibv_td*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_td*>(null_errno(EIO));
+    auto* t = new Td();
+    t->pub_.context = context;
+    return &t->pub_;
+  });
+}
+
+// ibv_dealloc_td: EBUSY while a parent domain names it (mlx5's refcount).
+int op_dealloc_td(ibv_td* td) {
+  if (td == nullptr) return fail_errno(EINVAL);
+  if (inherited(td->context)) return fail_errno(EIO);
+  Td* t = to_td(td);
+  if (t->users_.load() != 0) return fail_errno(EBUSY);
+  delete t;
+  return 0;
+}
+
+// ibv_alloc_parent_domain: pd (a real PD of this context, not a parent domain) is required,
+// td optional; the allocators and pd_context are kept and readable by the provider's
+// contract, but never called: every queue buffer (SQ, RQ, CQ, SRQ rings) is engine memory
+// the application never maps, so there is no buffer to place (README support table).
+ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) {
+  return guard_ptr<ibv_pd>([&]() -> ibv_pd* {
+    constexpr uint32_t kKnown =
+        IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    if (context == nullptr || attr == nullptr || attr->pd == nullptr ||
+        (attr->comp_mask & ~kKnown) != 0)
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if (attr->pd->context != context || is_parent_domain(attr->pd) ||
+        (attr->td != nullptr && attr->td->context != context))
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) &&
+        (attr->alloc == nullptr || attr->free == nullptr))
+      return static_cast<ibv_pd*>(null_errno(EINVAL));
+    if (inherited(context)) return static_cast<ibv_pd*>(null_errno(EIO));
+    Pd* base = to_pd(attr->pd);
+    auto* p = new Pd();
+    p->emu_ = base->emu_;
+    p->parent_ = true;
+    p->protection_domain_ = attr->pd;
+    p->td_ = attr->td ? to_td(attr->td) : nullptr;
+    p->attr_ = *attr;
+    p->pub_.context = context;
+    p->pub_.handle = attr->pd->handle;  // one PD handle, as the kernel sees it
+    base->emu_->add_user();             // dealloc of the PD: EBUSY while this lives
+    if (p->td_) p->td_->users_.fetch_add(1);
+    return &p->pub_;
+  });
+}
+
+// ibv_advise_mr (ibv_advise_mr(3)): flags other than IBV_ADVISE_MR_FLAG_FLUSH, no SGE or no
+// PD: EINVAL; an advice other than PREFETCH, PREFETCH_WRITE, PREFETCH_NO_FAULT: EOPNOTSUPP;
+// an lkey that is not an ODP MR of this PD (or lacks LOCAL_WRITE for PREFETCH_WRITE), a
+// range outside it, or (with FLUSH) pages that cannot be faulted in: EFAULT. Without FLUSH
+// the prefetch is a hint: done now, its page faults ignored.
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge) {
+  if (pd == nullptr || (flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH)) != 0 ||
+      sg_list == nullptr || num_sge == 0)
+    return fail_errno(EINVAL);
+  // The caller may pass any number as the enum: read its bits, not the enum (UBSan).
+  uint32_t adv = 0;
+  static_assert(sizeof adv == sizeof advice);
+  std::memcpy(&adv, &advice, sizeof adv);
+  if (adv != IBV_ADVISE_MR_ADVICE_PREFETCH && adv != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      adv != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return fail_errno(EOPNOTSUPP);
+  if (inherited(pd->context)) return fail_errno(EIO);
+  return guard_int([&] {
+    emu::Device* dev = to_ctx(pd->context)->emu_;
+    const emu::Pd* epd = to_pd(pd)->emu_.get();
+    for (uint32_t i = 0; i < num_sge; ++i) {
+      emu::Sge s{sg_list[i].addr, sg_list[i].length, sg_list[i].lkey};
+      emu::Status st = dev->advise_mr(epd, s, adv == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                                      adv != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+                                      (flags & IBV_ADVISE_MR_FLAG_FLUSH) != 0);
+      if (!st.is_ok()) return err_of(st);
+    }
+    return 0;
+  });
+}
+
 }  // namespace rnic::shim
 
 // ---------------------------------------------------------------------------------------
@@ -137,6 +227,13 @@ SHIM_EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
   if (inherited(pd->context)) return fail_errno(EIO);
   return guard_int([&] {
     Pd* p = to_pd(pd);
+    if (p->parent_) {  // a parent domain: EBUSY while objects use it
+      if (p->users_.load() != 0) return EBUSY;
+      p->emu_->drop_user();
+      if (p->td_) p->td_->users_.fetch_sub(1);
+      delete p;
+      return 0;
+    }
     emu::Status st = to_ctx(pd->context)->emu_->dealloc_pd(p->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while objects use it
     p->emu_->user_context = nullptr;
@@ -200,7 +297,11 @@ SHIM_EXPORT int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, vo
       errno = err_of(st);
       return IBV_REREG_MR_ERR_CMD;
     }
-    if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+      pd_hold(pd);
+      pd_release(mr->pd);
+      mr->pd = pd;
+    }
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
       mr->addr = addr;
       mr->length = length;
@@ -221,6 +322,8 @@ SHIM_EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
     Mr* m = to_mr(mr);
     emu::Status st = to_ctx(mr->context)->emu_->dereg_mr(m->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while a MW is bound
+    pd_release(mr->pd);
+    if (m->dm_ != nullptr) m->dm_->mrs_.fetch_sub(1);
     m->emu_->user_context = nullptr;
     delete m;
     return 0;

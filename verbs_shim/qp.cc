@@ -521,6 +521,7 @@ ibv_qp* create_qp_common(ibv_context* context, ibv_pd* pd, ibv_qp_init_attr* ini
   b.context = context;
   b.qp_context = init->qp_context;
   b.pd = pd;
+  pd_hold(pd);
   b.send_cq = init->send_cq;
   b.recv_cq = init->recv_cq;
   b.srq = init->srq;
@@ -699,6 +700,7 @@ SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
     }
     emu::Status st = to_ctx(qp->context)->emu_->destroy_qp(q->emu_);
     if (!st.is_ok()) return err_of(st);
+    pd_release(qp->pd);
     const uint32_t reported = to_ctx(qp->context)->retire_async(&q->emu_->user_context, qp);
     wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, reported);
     pthread_mutex_destroy(&qp->mutex);

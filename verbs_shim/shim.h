@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -119,15 +120,52 @@ struct CompChannel {
 };
 inline CompChannel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<CompChannel*>(c); }
 
+// A thread domain (ibv_alloc_td). softrnic's per-QP/CQ locks stay in place for objects
+// bound to a TD (they are uncontended there, and the engine's own threads still take them).
+struct Td {
+  ibv_td pub_;
+  std::atomic<uint32_t> users_{0};  // parent domains naming it (dealloc_td: EBUSY)
+};
+inline Td* to_td(ibv_td* t) { return reinterpret_cast<Td*>(t); }
+
+// A PD, or a parent domain (ibv_alloc_parent_domain): then `emu_` is the protection
+// domain's engine PD itself, so a parent domain works wherever a PD does and its objects
+// interoperate with the PD's (MRs on one serve QPs on the other, as the kernel sees one
+// PD handle). Objects created on a parent domain count in `users_` (pd_hold/pd_release):
+// dealloc of a parent domain in use is EBUSY, as mlx5's refcount gives.
 struct Pd {
   ibv_pd pub_;
   std::shared_ptr<emu::Pd> emu_;
+  bool parent_ = false;
+  ibv_pd* protection_domain_ = nullptr;  // parent domain: its PD
+  Td* td_ = nullptr;                     // parent domain: its TD, or null
+  ibv_parent_domain_init_attr attr_{};   // parent domain: allocators and pd_context
+  std::atomic<uint32_t> users_{0};
 };
 inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline bool is_parent_domain(ibv_pd* p) { return p != nullptr && to_pd(p)->parent_; }
+// An object was created on / released from `p`: counted only for parent domains.
+inline void pd_hold(ibv_pd* p) {
+  if (is_parent_domain(p)) to_pd(p)->users_.fetch_add(1);
+}
+inline void pd_release(ibv_pd* p) {
+  if (is_parent_domain(p)) to_pd(p)->users_.fetch_sub(1);
+}
+
+// Device memory (dm.cc): an anonymous mapping of the engine's, counted in Host::dm_used_.
+constexpr uint64_t kMaxDmSize = 128 * 1024;  // max_dm_size: the device's whole pool
+struct Dm {
+  ibv_dm pub_;
+  void* buf_ = nullptr;
+  uint64_t len_ = 0;
+  std::atomic<uint32_t> mrs_{0};  // MRs over it (free_dm: EBUSY)
+};
+inline Dm* to_dm(ibv_dm* d) { return reinterpret_cast<Dm*>(d); }
 
 struct Mr {
   ibv_mr pub_;
   std::shared_ptr<emu::Mr> emu_;
+  Dm* dm_ = nullptr;  // ibv_reg_dm_mr: the DM it lies in
 };
 inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
@@ -151,6 +189,7 @@ struct Cq {
   uint64_t wc_flags_ = 0;  // IBV_WC_EX_WITH_* requested at create
   emu::Cqe cur_{};
   bool polling_ = false;
+  ibv_pd* parent_domain_ = nullptr;  // IBV_CQ_INIT_ATTR_MASK_PD (pd_hold)
 };
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Cq* to_cq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }

@@ -44,6 +44,7 @@ ibv_srq* create_srq_common(ibv_context* context, ibv_pd* pd, void* srq_context, 
   p.context = context;
   p.srq_context = srq_context;
   p.pd = pd;
+  pd_hold(pd);
   p.handle = s->emu_->handle();
   pthread_mutex_init(&p.mutex, nullptr);
   pthread_cond_init(&p.cond, nullptr);
@@ -139,6 +140,7 @@ SHIM_EXPORT int ibv_destroy_srq(struct ibv_srq* srq) {
     Srq* s = to_srq(srq);
     emu::Status st = to_ctx(srq->context)->emu_->destroy_srq(s->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while QPs use it
+    pd_release(srq->pd);
     const uint32_t reported = to_ctx(srq->context)->retire_async(&s->emu_->user_context, srq);
     wait_async_acks(&srq->mutex, &srq->cond, &srq->events_completed, reported);
     pthread_mutex_destroy(&srq->mutex);

@@ -7,6 +7,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -475,11 +476,40 @@ Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64
   if (length == 0) return Errc::kInval;
   if (addr + length < addr || iova + length < iova) return Errc::kInval;  // wraps
   if (Status st = check_mr_access(access); !st) return st;
-  // The kernel's pin: unmapped / PROT_NONE / read-only-for-write -> EFAULT (mr.h).
-  if (Status st = check_mr_range(addr, length, access, attr_.max_mr_size); !st) return st;
+  // ODP (IBV_ACCESS_ON_DEMAND): nothing is pinned or checked against the mappings now; the
+  // device reaches the application's addresses directly through the fault-safe accessor,
+  // so a page mapped later is served and one unmapped at access time is a page fault the
+  // NIC cannot resolve: a remote access error / local protection error, counted mem_fault.
+  // Implicit ODP: addr NULL, length SIZE_MAX (the whole address space, iova 0).
+  const bool odp = (access & kAccessOnDemand) != 0;
+  const bool implicit = odp && addr == 0 && length == UINT64_MAX;
+  // The kernel's ib_umem_get: an end whose page alignment wraps is EINVAL.
+  if (!implicit && addr + length > UINT64_MAX - 4095) return Errc::kInval;
+  if (odp) {
+    if (implicit && iova != 0) return Errc::kInval;
+    if (!implicit && length > attr_.max_mr_size) return Errc::kInval;
+  } else {
+    // The kernel's pin: unmapped / PROT_NONE / read-only-for-write -> EFAULT (mr.h).
+    if (Status st = check_mr_range(addr, length, access, attr_.max_mr_size); !st) return st;
+  }
   mem_->prepare();  // the fault guard is in place before any rkey can be used
-  auto mr = std::make_shared<Mr>(*this, pd, addr, length, iova, access & ~kAccessOptionalRange,
-                                 pin_range(addr, length, cfg_.pin));
+  return add_mr(std::make_shared<Mr>(*this, pd, addr, length, iova,
+                                     access & ~kAccessOptionalRange,
+                                     odp ? nullptr : pin_range(addr, length, cfg_.pin)));
+}
+
+Result<std::shared_ptr<Mr>> Device::reg_dm_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
+                                              uint64_t length, uint32_t access) {
+  if (!pd || &pd->device() != this) return Errc::kInval;
+  if (addr + length < addr) return Errc::kInval;
+  if (Status st = check_mr_access(access); !st) return st;
+  mem_->prepare();
+  return add_mr(std::make_shared<Mr>(*this, pd, addr, length, 0, access & ~kAccessOptionalRange,
+                                     nullptr));
+}
+
+Result<std::shared_ptr<Mr>> Device::add_mr(std::shared_ptr<Mr> mr) {
+  const std::shared_ptr<Pd>& pd = mr->pd_;
   Result<uint32_t> h = mrs_.insert_next(mr);
   if (!h) return h.error();
   mr->handle_ = *h;
@@ -491,6 +521,26 @@ Result<std::shared_ptr<Mr>> Device::reg_mr(const std::shared_ptr<Pd>& pd, uint64
   mr->key_.store(*key, std::memory_order_release);
   pd->add_user();
   return mr;
+}
+
+Status Device::advise_mr(const Pd* pd, const Sge& sge, bool write, bool fault_in, bool sync) {
+  std::shared_ptr<Mr> mr = keys_.find_mr(sge.lkey);
+  if (!mr) return Errc::kFault;
+  AccessGuard g;  // dereg waits for the prefetch; a closed gate (dereg, rereg) is EFAULT
+  if (!g.acquire(mr->gate(), mr)) return Errc::kFault;
+  MrView v = mr->view();
+  if (v.state != MrState::kValid || v.key != sge.lkey || v.pd != pd) return Errc::kFault;
+  if (!(v.access & kAccessOnDemand)) return Errc::kFault;
+  if (write && !(v.access & kAccessLocalWrite)) return Errc::kFault;
+  if (!v.in_range(sge.addr, sge.length)) return Errc::kFault;
+  if (!fault_in || sge.length == 0) return Status::ok();
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t lo = v.translate(sge.addr) & ~(page - 1);
+  const uint64_t hi = v.translate(sge.addr) + sge.length;  // no overflow: in_range
+  const int rc = ::madvise(reinterpret_cast<void*>(lo), hi - lo,
+                           write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  if (rc != 0 && sync) return Errc::kFault;
+  return Status::ok();
 }
 
 Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
@@ -512,13 +562,20 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
     const uint64_t a = (flags & kReregChangeTranslation) ? addr : v.host_addr;
     const uint64_t n = (flags & kReregChangeTranslation) ? length : v.length;
     const uint32_t acc = (flags & kReregChangeAccess) ? access : v.access;
-    if (Status st = check_mr_range(a, n, acc, attr_.max_mr_size); !st) return st;
+    // ODP-ness cannot change (mlx5: EOPNOTSUPP); an ODP range is not checked or pinned.
+    if ((acc ^ v.access) & kAccessOnDemand) return Errc::kOpNotSupp;
+    if (acc & kAccessOnDemand) {
+      if (n > attr_.max_mr_size) return Errc::kInval;
+    } else if (Status st = check_mr_range(a, n, acc, attr_.max_mr_size); !st) {
+      return st;
+    }
   }
   std::shared_ptr<Pd> old_pd;
   // A new range is pinned before the switch; the old pin is released after it (declared
   // before `closed`: released once the gate has reopened and no access uses the old view).
   std::shared_ptr<PinnedRange> pin;
-  if (flags & kReregChangeTranslation) pin = pin_range(addr, length, cfg_.pin);
+  if ((flags & kReregChangeTranslation) && !(mr->access() & kAccessOnDemand))
+    pin = pin_range(addr, length, cfg_.pin);
   // Accesses in flight through the old translation/rights finish first (issue 10 item 3);
   // accesses arriving meanwhile are refused (the MR is in transition).
   GateClosed closed{mr->gate_};

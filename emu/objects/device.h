@@ -219,8 +219,10 @@ class Device : public std::enable_shared_from_this<Device> {
   // ---- MR ----
   // ibv_reg_mr / ibv_reg_mr_iova: addr = process address, iova = the address remote peers
   // and SGEs use (pass iova == addr for ibv_reg_mr). EINVAL: length 0, addr+length or
-  // iova+length overflow, bad access (check_mr_access); EOPNOTSUPP: ON_DEMAND; ENOMEM: too
-  // many MRs. lkey == rkey.
+  // iova+length overflow, bad access (check_mr_access); ENOMEM: too many MRs. lkey == rkey.
+  // ON_DEMAND (ODP): not pinned and not checked against the mappings (a page unmapped when
+  // the device touches it is an access error, never a signal); addr 0 with length
+  // UINT64_MAX is implicit ODP, the whole address space (iova must be 0).
   Result<std::shared_ptr<Mr>> reg_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
                                      uint64_t length, uint64_t iova, uint32_t access);
   // ibv_rereg_mr: flags ⊆ kReregFlagsSupported else EINVAL; 0 flags -> EINVAL. EBUSY
@@ -231,6 +233,19 @@ class Device : public std::enable_shared_from_this<Device> {
                   const std::shared_ptr<Pd>& pd, uint64_t addr, uint64_t length,
                   uint32_t access);
   Status dereg_mr(const std::shared_ptr<Mr>& mr);  // EBUSY while a MW is bound
+  // ibv_reg_dm_mr: an MR over device memory at [addr, addr+length) (engine memory the shim
+  // allocated: not pinned, not checked against the mappings), iova 0 (zero-based). Length 0
+  // is allowed (the kernel accepts an empty DM MR: a key that names no byte). EINVAL as
+  // reg_mr for a foreign PD, a wrapping range or bad access.
+  Result<std::shared_ptr<Mr>> reg_dm_mr(const std::shared_ptr<Pd>& pd, uint64_t addr,
+                                        uint64_t length, uint32_t access);
+  // ibv_advise_mr for one SGE (PREFETCH, PREFETCH_WRITE: write = true, PREFETCH_NO_FAULT:
+  // fault_in = false). EFAULT (ibv_advise_mr(3)) unless the lkey names a live ODP MR of `pd`,
+  // with LOCAL_WRITE for a write advice, and [addr, addr+length) lies inside it. fault_in:
+  // the pages are populated (MADV_POPULATE_READ/WRITE) under the MR's gate; a range that
+  // cannot be (unmapped, PROT_NONE, read-only for write) is EFAULT when `sync`
+  // (IBV_ADVISE_MR_FLAG_FLUSH) and ignored otherwise (a hint, like mlx5's async prefetch).
+  Status advise_mr(const Pd* pd, const Sge& sge, bool write, bool fault_in, bool sync);
 
   // ---- MW ----
   Result<std::shared_ptr<Mw>> alloc_mw(const std::shared_ptr<Pd>& pd, MwType type);
@@ -305,6 +320,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
  private:
   Result<std::shared_ptr<Qp>> create_xrc_tgt(const QpInitAttr& in);
+  Result<std::shared_ptr<Mr>> add_mr(std::shared_ptr<Mr> mr);  // reg_mr, reg_dm_mr: tables
   static void release_pin(Mr& mr);  // dereg_mr, close: drop the MR's pin (pin.h)
   explicit Device(const DeviceConfig& cfg);
   friend class Cq;

@@ -167,7 +167,6 @@ Status check_mr_access(uint32_t access) {
   // kernel's ib_check_mr_access returns EINVAL).
   if ((access & (kAccessRemoteWrite | kAccessRemoteAtomic)) && !(access & kAccessLocalWrite))
     return Errc::kInval;
-  if (access & kAccessOnDemand) return Errc::kOpNotSupp;
   // ZERO_BASED is for MWs (and ibv_reg_mr_iova expresses it for MRs): refused on reg_mr.
   if (access & kAccessZeroBased) return Errc::kInval;
   return Status::ok();

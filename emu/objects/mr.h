@@ -146,8 +146,9 @@ class Mr {
 };
 
 // Validate reg_mr access flags like rdma-core/the kernel: REMOTE_WRITE or REMOTE_ATOMIC
-// without LOCAL_WRITE -> EINVAL; unknown non-optional bits -> EINVAL; ON_DEMAND ->
-// EOPNOTSUPP. Optional-range bits (RELAXED_ORDERING...) are accepted and ignored.
+// without LOCAL_WRITE -> EINVAL; unknown non-optional bits -> EINVAL. ON_DEMAND is
+// accepted (Device::reg_mr: not pinned, not checked against the mappings). Optional-range
+// bits (RELAXED_ORDERING...) are accepted and ignored.
 Status check_mr_access(uint32_t access);
 
 // Whether reg_mr needs the pages writable: LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC or

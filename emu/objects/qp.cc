@@ -228,7 +228,9 @@ Status Qp::check_modify(const QpAttr& a, uint32_t mask, QpState* next_out, Av* a
     constexpr uint32_t kOk = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead |
                              kAccessRemoteAtomic | kAccessMwBind | kAccessFlushGlobal |
                              kAccessFlushPersistent;
-    if (a.qp_access_flags & ~(kOk | kAccessOptionalRange)) return Errc::kInval;
+    // ON_DEMAND is an MR property; rdma-core's tests pass their MR access flags here and
+    // the kernel (mlx5, rxe) ignores it: accepted and not stored.
+    if (a.qp_access_flags & ~(kOk | kAccessOptionalRange | kAccessOnDemand)) return Errc::kInval;
   }
   if (mask & kQpPathMtu) {
     auto m = static_cast<uint8_t>(a.path_mtu);
@@ -272,7 +274,8 @@ void Qp::commit_modify(const QpAttr& a, uint32_t mask, QpState next, const Av& a
   if (mask & kQpPort) attr_.port_num = a.port_num;
   if (mask & kQpPkeyIndex) attr_.pkey_index = a.pkey_index;
   if (mask & kQpQkey) attr_.qkey = a.qkey;
-  if (mask & kQpAccessFlags) attr_.qp_access_flags = a.qp_access_flags & ~kAccessOptionalRange;
+  if (mask & kQpAccessFlags)
+    attr_.qp_access_flags = a.qp_access_flags & ~(kAccessOptionalRange | kAccessOnDemand);
   if (mask & kQpAv) {
     attr_.ah_attr = a.ah_attr;
     av_ = av;

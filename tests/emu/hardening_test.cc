@@ -1,8 +1,11 @@
 // tests/emu/hardening_test: retrans_pkts accounting (go-back-N and timeout retransmits), S19
 // (rkey re-checked per packet: deregistration in the middle of a multi-packet WRITE / READ
-// stops the rest), S20 (ODP: refused), and SOFTRNIC_FAULT_TRACE without a plan. Two devices
+// stops the rest), S20 (ODP: first touch, just outside, an unmapped page), and SOFTRNIC_FAULT_TRACE without a plan. Two devices
 // on an in-memory network driven by hand (deterministic), like proto_scenarios_test.
 #include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -264,13 +267,115 @@ TEST_F(Hardening, StrictSrcLatchSetByFirstPacketClearedByReset) {
   EXPECT_EQ(qs->comp_.src_latch.load(), 0u);
 }
 
-// S20: ODP is not implemented; an ON_DEMAND registration is refused (EOPNOTSUPP) instead of
-// silently behaving as a pinned MR, so neither "fault served" nor "just outside" can arise.
-TEST_F(Hardening, S20_OdpRegistrationRefused) {
-  auto a = reinterpret_cast<uint64_t>(tbuf.data());
-  auto m = s.dev->reg_mr(s.pd, a, 4096, a, kAccessLocalWrite | kAccessRemoteWrite | kAccessOnDemand);
-  ASSERT_FALSE(m.has_value());
-  EXPECT_EQ(m.error(), Errc::kOpNotSupp);
+// S20: ODP MRs (IBV_ACCESS_ON_DEMAND) are not pinned and not checked against the mappings
+// when registered; the device reaches the pages through the fault-safe accessor.
+constexpr uint32_t kOdpAccess =
+    kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead | kAccessOnDemand;
+
+// Fresh anonymous pages, never touched (not resident), unmapped at scope exit.
+struct FreshPages {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t n;
+  uint8_t* p;
+  explicit FreshPages(size_t npages) : n(npages) {
+    void* m = mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+  }
+  ~FreshPages() {
+    if (p) munmap(p, n * page);
+  }
+  uint64_t addr(size_t off = 0) const { return reinterpret_cast<uint64_t>(p) + off; }
+};
+
+// First touch of a non-resident page of an ODP MR is served; a WRITE running one byte
+// past the MR's end is refused (Remote Access NAK) and writes nothing.
+TEST_F(Hardening, S20_OdpFirstTouchServedJustOutsideRefused) {
+  FreshPages fp(2);
+  ASSERT_NE(fp.p, nullptr);
+  auto m = s.dev->reg_mr(s.pd, fp.addr(), 2 * fp.page, fp.addr(), kOdpAccess);
+  ASSERT_TRUE(m.has_value()) << static_cast<int>(m.error());
+  EXPECT_FALSE((*m)->shadowed());  // not pinned: the device sees the application's pages
+  unsigned char vec[2] = {1, 1};
+  ASSERT_EQ(mincore(fp.p, 2 * fp.page, vec), 0);
+  EXPECT_EQ(vec[1] & 1, 0) << "page 1 resident before the first touch";
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(lbuf.data(), 1024, ml)});
+  w.rdma.remote_addr = fp.addr(fp.page);
+  w.rdma.rkey = (*m)->rkey();
+  ASSERT_TRUE(post(qc, w).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess) << wc_status_name(cq[0].status);
+  EXPECT_EQ(0, std::memcmp(fp.p + fp.page, lbuf.data(), 1024));
+
+  Wr o = send_wr(WrOpcode::kRdmaWrite, 2, {sge(lbuf.data(), 1024, ml)});
+  o.rdma.remote_addr = fp.addr(2 * fp.page - 1023);  // ends 1 byte past the MR
+  o.rdma.rkey = (*m)->rkey();
+  std::vector<uint8_t> before(fp.p + fp.page, fp.p + 2 * fp.page);
+  ASSERT_TRUE(post(qc, o).is_ok());
+  run();
+  cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(sctr(Ctr::kRemAccessNakSent), 1u);
+  EXPECT_EQ(0, std::memcmp(fp.p + fp.page, before.data(), fp.page));
+  EXPECT_TRUE(s.dev->dereg_mr(*m).is_ok());
+}
+
+// A page of an ODP MR unmapped after registration is a page fault the NIC cannot resolve:
+// the WRITE into it is a Remote Access error (counted mem_fault), never a signal, and
+// the pages around it were served.
+TEST_F(Hardening, S20_OdpUnmappedPageIsAnAccessErrorNotASignal) {
+  FreshPages fp(3);
+  ASSERT_NE(fp.p, nullptr);
+  ASSERT_EQ(munmap(fp.p + fp.page, fp.page), 0);  // a hole in the middle
+  auto m = s.dev->reg_mr(s.pd, fp.addr(), 3 * fp.page, fp.addr(), kOdpAccess);
+  ASSERT_TRUE(m.has_value()) << static_cast<int>(m.error());
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(lbuf.data(), 512, ml)});
+  w.rdma.remote_addr = fp.addr(2 * fp.page);
+  w.rdma.rkey = (*m)->rkey();
+  ASSERT_TRUE(post(qc, w).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess) << wc_status_name(cq[0].status);
+  EXPECT_EQ(0, std::memcmp(fp.p + 2 * fp.page, lbuf.data(), 512));
+
+  Wr h = send_wr(WrOpcode::kRdmaWrite, 2, {sge(lbuf.data(), 512, ml)});
+  h.rdma.remote_addr = fp.addr(fp.page + 64);
+  h.rdma.rkey = (*m)->rkey();
+  ASSERT_TRUE(post(qc, h).is_ok());
+  run();
+  cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(qs->state(), QpState::kErr);
+  EXPECT_EQ(sctr(Ctr::kMemFault), 1u);
+  EXPECT_TRUE(s.dev->dereg_mr(*m).is_ok());
+}
+
+// Registration rules of ODP: implicit ODP (address 0, length UINT64_MAX, iova 0) covers the
+// whole address space; a non-zero iova for it, or an explicit range whose end page-aligns
+// past 2^64, is EINVAL; rereg cannot switch an MR to or from ODP (EOPNOTSUPP).
+TEST_F(Hardening, S20_OdpRegistrationRules) {
+  auto im = s.dev->reg_mr(s.pd, 0, UINT64_MAX, 0, kOdpAccess);
+  ASSERT_TRUE(im.has_value());
+  EXPECT_TRUE((*im)->view().in_range(reinterpret_cast<uint64_t>(tbuf.data()), 4096));
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(lbuf.data(), 256, ml)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(tbuf.data());
+  w.rdma.rkey = (*im)->rkey();
+  ASSERT_TRUE(post(qc, w).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess) << wc_status_name(cq[0].status);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 256));
+  EXPECT_EQ(s.dev->reg_mr(s.pd, 0, UINT64_MAX, 4096, kOdpAccess).error(), Errc::kInval);
+  EXPECT_EQ(s.dev->reg_mr(s.pd, 4096, UINT64_MAX - 4106, 4096, kOdpAccess).error(),
+            Errc::kInval);  // its end page-aligns past 2^64 (ib_umem_get)
+  EXPECT_EQ(s.dev->rereg_mr(mt, kReregChangeAccess, nullptr, 0, 0, kOdpAccess).code(),
+            Errc::kOpNotSupp);
+  EXPECT_TRUE(s.dev->dereg_mr(*im).is_ok());
 }
 
 // SOFTRNIC_FAULT_TRACE without SOFTRNIC_FAULTS: an empty engine that traces rules added at

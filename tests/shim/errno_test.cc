@@ -395,18 +395,9 @@ TEST_F(ErrnoTest, AddressHandle) {
 }
 
 TEST_F(ErrnoTest, UnsupportedVerbs) {
-  ibv_alloc_dm_attr dm{};
-  dm.length = 64;
-  errno = 0;
-  EXPECT_EQ(ibv_alloc_dm(ctx_, &dm), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
   ibv_wq_init_attr wa{};
   errno = 0;
   EXPECT_EQ(ibv_create_wq(ctx_, &wa), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
-  ibv_td_init_attr ta{};
-  errno = 0;
-  EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
   errno = 0;
   EXPECT_EQ(ibv_attach_mcast(nullptr, nullptr, 0), EOPNOTSUPP);

@@ -1,6 +1,7 @@
 // Verbs beyond the RC core through the shim, end to end on loopback (issue 14): ibv_rereg_mr
 // with a new address or a new PD followed by traffic, the reset that recovers from it (its
-// stale completions leave the CQ), and the errno each verb gives for bad input.
+// stale completions leave the CQ), thread and parent domains, ODP, device memory, and the
+// errno each verb gives for bad input.
 // Two RC QPs of one context connected to each other, each with its own CQ (as rdma-core's
 // tests/test_mr.py does).
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <infiniband/verbs.h>
 
 #include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -399,6 +402,445 @@ TEST_F(VerbsExtTest, ModifyCqBadInput) {
   EXPECT_EQ(errno, EINVAL);
   m.moderate.cq_period = 4095;
   EXPECT_EQ(ibv_modify_cq(cq_[0], &m), 0);
+}
+
+// ------------------------------------------------------------------ TD and parent domain
+
+int g_pd_alloc_calls = 0;
+void* counting_alloc(ibv_pd*, void*, size_t, size_t, uint64_t) {
+  ++g_pd_alloc_calls;
+  return IBV_ALLOCATOR_USE_DEFAULT;
+}
+void counting_free(ibv_pd*, void*, void*, uint64_t) {}
+
+TEST_F(VerbsExtTest, ThreadAndParentDomainBadInputAndDeallocOrder) {
+  ibv_td_init_attr ta{};
+  ta.comp_mask = 1;  // no attribute is defined (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_td(ctx_, &ta), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ta.comp_mask = 0;
+  ibv_td* td = ibv_alloc_td(ctx_, &ta);
+  ASSERT_NE(td, nullptr) << strerror(errno);
+  EXPECT_EQ(td->context, ctx_);
+
+  ibv_parent_domain_init_attr pa{};
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);  // pd is required
+  EXPECT_EQ(errno, EINVAL);
+  pa.pd = pd_;
+  pa.td = td;
+  pa.comp_mask = 1u << 7;  // unknown bit
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;  // allocators named, none given
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &pa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.pd_context = this;
+  ibv_pd* par = ibv_alloc_parent_domain(ctx_, &pa);
+  ASSERT_NE(par, nullptr) << strerror(errno);
+  EXPECT_EQ(par->context, ctx_);
+
+  ibv_parent_domain_init_attr nested{};
+  nested.pd = par;  // wrong type: a parent domain over a parent domain
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_parent_domain(ctx_, &nested), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 4;
+  cx.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  cx.parent_domain = pd_;  // wrong type: a plain PD (mlx5: EINVAL)
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &cx), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  // Dealloc order (mlx5's refcounts): TD and PD are busy while the parent domain lives; the
+  // parent domain is busy while an object created on it lives.
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_td(td), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  ibv_mr* mr = ibv_reg_mr(par, buf_[0].data(), kLen, kAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(mr->pd, par);
+  cx.parent_domain = par;
+  ibv_cq_ex* pcq = ibv_create_cq_ex(ctx_, &cx);
+  ASSERT_NE(pcq, nullptr) << strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);
+  EXPECT_EQ(errno, EBUSY);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);  // the CQ still holds it
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(pcq)), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
+}
+
+// A QP, its CQ and its receive MR all on a parent domain (with a TD and custom allocators)
+// take a SEND from the fixture's QP 0, whose MR is on the parent domain's PD; the
+// allocators are never called (softrnic's queues are engine memory: README).
+TEST_F(VerbsExtTest, ParentDomainQpCqMrCarryTraffic) {
+  ibv_td_init_attr ta{};
+  ibv_td* td = ibv_alloc_td(ctx_, &ta);
+  ASSERT_NE(td, nullptr);
+  ibv_parent_domain_init_attr pa{};
+  pa.pd = pd_;
+  pa.td = td;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.alloc = counting_alloc;
+  pa.free = counting_free;
+  pa.pd_context = this;
+  ibv_pd* par = ibv_alloc_parent_domain(ctx_, &pa);
+  ASSERT_NE(par, nullptr) << strerror(errno);
+  g_pd_alloc_calls = 0;
+  ibv_cq_init_attr_ex cx{};
+  cx.cqe = 16;
+  cx.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  cx.parent_domain = par;
+  ibv_cq_ex* pcqx = ibv_create_cq_ex(ctx_, &cx);
+  ASSERT_NE(pcqx, nullptr) << strerror(errno);
+  ibv_cq* pcq = ibv_cq_ex_to_cq(pcqx);
+  std::vector<uint8_t> dst(kLen, 0);
+  ibv_mr* pmr = ibv_reg_mr(par, dst.data(), kLen, kAccess);
+  ASSERT_NE(pmr, nullptr);
+  ibv_qp_init_attr_ex qa{};
+  qa.qp_type = IBV_QPT_RC;
+  qa.send_cq = pcq;
+  qa.recv_cq = pcq;
+  qa.cap.max_send_wr = 4;
+  qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+  qa.pd = par;
+  ibv_qp* pqp = ibv_create_qp_ex(ctx_, &qa);
+  ASSERT_NE(pqp, nullptr) << strerror(errno);
+  EXPECT_EQ(pqp->pd, par);
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(qp_[0], &r, IBV_QP_STATE), 0);
+  ASSERT_EQ(rc_connect(qp_[0], pqp->qp_num, gid_, kAccess, 4), 0);
+  ASSERT_EQ(rc_connect(pqp, qp_[0]->qp_num, gid_, kAccess, 4), 0);
+
+  ibv_sge rs{reinterpret_cast<uintptr_t>(dst.data()), kLen, pmr->lkey};
+  ibv_recv_wr rw{};
+  rw.wr_id = 7;
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(pqp, &rw, &bad_r), 0);
+  std::memset(buf_[0].data(), 0x6C, kLen);
+  post_send(0, 8);
+  ibv_wc s = poll(0);
+  EXPECT_EQ(s.status, IBV_WC_SUCCESS) << ibv_wc_status_str(s.status);
+  ibv_wc wc{};
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int n = 0;
+  while ((n = ibv_poll_cq(pcq, 1, &wc)) == 0 && std::chrono::steady_clock::now() < end) {
+  }
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.byte_len, kLen);
+  EXPECT_EQ(std::memcmp(dst.data(), buf_[0].data(), kLen), 0);
+  EXPECT_EQ(g_pd_alloc_calls, 0);
+
+  EXPECT_EQ(ibv_dealloc_pd(par), EBUSY);
+  EXPECT_EQ(ibv_destroy_qp(pqp), 0);
+  EXPECT_EQ(ibv_dereg_mr(pmr), 0);
+  EXPECT_EQ(ibv_destroy_cq(pcq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(par), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
+}
+
+// ------------------------------------------------------------------ ODP
+
+constexpr int kOdpAccess = kAccess | IBV_ACCESS_ON_DEMAND;
+
+// Fresh anonymous pages (not resident until touched), unmapped at scope exit.
+struct Pages {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t n;
+  uint8_t* p;
+  explicit Pages(size_t np) : n(np) {
+    void* m = mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+  }
+  ~Pages() {
+    if (p) munmap(p, n * page);
+  }
+  bool resident(size_t i) const {
+    unsigned char v = 0;
+    return mincore(p + i * page, page, &v) == 0 && (v & 1);
+  }
+};
+
+int advise(ibv_pd* pd, ibv_advise_mr_advice a, uint32_t flags, uint64_t addr, uint32_t len,
+           uint32_t lkey) {
+  ibv_sge s{addr, len, lkey};
+  return ibv_advise_mr(pd, a, flags, &s, 1);
+}
+
+TEST_F(VerbsExtTest, OdpCapsAndAdviseMrErrnos) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  EXPECT_EQ(ax.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});
+  const uint32_t rc = ax.odp_caps.per_transport_caps.rc_odp_caps;
+  EXPECT_EQ(rc & (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV),
+            rc);
+  EXPECT_NE(ax.odp_caps.per_transport_caps.ud_odp_caps & IBV_ODP_SUPPORT_SEND, 0u);
+
+  Pages pg(4);
+  ASSERT_NE(pg.p, nullptr);
+  ASSERT_EQ(munmap(pg.p + 3 * pg.page, pg.page), 0);  // page 3: a hole inside the MR
+  ibv_mr* m = ibv_reg_mr(pd_, pg.p, 4 * pg.page, kOdpAccess);  // ODP: holes allowed
+  ASSERT_NE(m, nullptr) << strerror(errno);
+  ibv_mr* ro = ibv_reg_mr(pd_, pg.p, pg.page, IBV_ACCESS_ON_DEMAND);  // no LOCAL_WRITE
+  ASSERT_NE(ro, nullptr) << strerror(errno);
+  const uint64_t a = reinterpret_cast<uintptr_t>(pg.p);
+  const auto pf = IBV_ADVISE_MR_ADVICE_PREFETCH;
+  const auto pfw = IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+  struct Case {
+    const char* what;
+    int got;
+    int want;
+  } cases[] = {
+      {"unknown flag", advise(pd_, pf, 2, a, 64, m->lkey), EINVAL},
+      {"no SGE", ibv_advise_mr(pd_, pf, 0, nullptr, 0), EINVAL},
+      {"unknown advice", advise(pd_, static_cast<ibv_advise_mr_advice>(3), 0, a, 64, m->lkey),
+       EOPNOTSUPP},
+      {"bad lkey", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH, a, 64, m->lkey ^ 0x100), EFAULT},
+      {"not an ODP MR", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH,
+                               reinterpret_cast<uintptr_t>(buf_[0].data()), 64, mr_[0]->lkey),
+       EFAULT},
+      {"past the end", advise(pd_, pf, IBV_ADVISE_MR_FLAG_FLUSH, a + 4 * pg.page - 8, 16, m->lkey),
+       EFAULT},
+      {"write without LOCAL_WRITE", advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a, 64, ro->lkey),
+       EFAULT},
+      {"sync prefetch of the hole", advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a + 3 * pg.page,
+                                          64, m->lkey), EFAULT},
+      {"async prefetch of the hole (a hint)", advise(pd_, pf, 0, a + 3 * pg.page, 64, m->lkey), 0},
+  };
+  for (const Case& c : cases) EXPECT_EQ(c.got, c.want) << c.what;
+  errno = 0;
+  EXPECT_EQ(advise(pd_, pf, 0, a, 64, 0xdead00), EFAULT);
+  EXPECT_EQ(errno, EFAULT);
+
+  EXPECT_FALSE(pg.resident(1));
+  EXPECT_EQ(advise(pd_, pfw, IBV_ADVISE_MR_FLAG_FLUSH, a + pg.page, 64, m->lkey), 0);
+  EXPECT_TRUE(pg.resident(1));  // faulted in by the prefetch
+  EXPECT_EQ(advise(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, IBV_ADVISE_MR_FLAG_FLUSH,
+                   a + 2 * pg.page, 64, m->lkey), 0);
+  EXPECT_FALSE(pg.resident(2));  // NO_FAULT maps only what is present
+
+  // Implicit ODP needs ON_DEMAND; rereg cannot change ODP-ness.
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, kAccess),
+            IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ibv_dereg_mr(ro), 0);
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+}
+
+// Traffic through ODP MRs: a SEND from an implicit ODP MR (the whole address space) into an
+// explicit ODP MR over pages never touched, then an RDMA WRITE into it whose target page was
+// unmapped after registration: a page fault the NIC cannot resolve, REM_ACCESS_ERR.
+TEST_F(VerbsExtTest, OdpSendIntoUntouchedPagesThenWriteIntoAHole) {
+  ibv_mr* imp = ibv_reg_mr(pd_, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(imp, nullptr) << strerror(errno);
+  Pages pg(2);
+  ASSERT_NE(pg.p, nullptr);
+  ibv_mr* odp = ibv_reg_mr(pd_, pg.p, 2 * pg.page, kOdpAccess);
+  ASSERT_NE(odp, nullptr) << strerror(errno);
+  EXPECT_FALSE(pg.resident(0));
+  post_recv(1, pg.p, odp->lkey, 30);
+  std::memset(buf_[0].data(), 0x3C, kLen);
+  ibv_sge s{reinterpret_cast<uintptr_t>(buf_[0].data()), kLen, imp->lkey};
+  ibv_send_wr w{};
+  w.wr_id = 31;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc sc = poll(0);
+  EXPECT_EQ(sc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(sc.status);
+  ibv_wc rc = poll(1);
+  EXPECT_EQ(rc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(rc.byte_len, kLen);
+  EXPECT_EQ(std::memcmp(pg.p, buf_[0].data(), kLen), 0);
+
+  ASSERT_EQ(munmap(pg.p + pg.page, pg.page), 0);
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr_id = 32;
+  w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(pg.p + pg.page);
+  w.wr.rdma.rkey = odp->rkey;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  // Remap the page so ~Pages unmaps what it mapped.
+  void* back = mmap(pg.p + pg.page, pg.page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  EXPECT_NE(back, MAP_FAILED);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+  EXPECT_EQ(ibv_dereg_mr(imp), 0);
+}
+
+// ------------------------------------------------------------------ device memory
+
+TEST_F(VerbsExtTest, DeviceMemoryErrnosAndLimits) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  ASSERT_GT(ax.max_dm_size, 0u);
+  ibv_alloc_dm_attr da{};
+  struct Case {
+    const char* what;
+    uint64_t length;
+    uint32_t log_align;
+    uint32_t comp_mask;
+    int want;
+  } cases[] = {
+      {"length 0", 0, 0, 0, EINVAL},
+      {"above max_dm_size", ax.max_dm_size + 4, 0, 0, EINVAL},
+      {"unknown comp_mask", 64, 0, 1, EINVAL},
+      {"alignment above a page", 64, 13, 0, EINVAL},
+  };
+  for (const Case& c : cases) {
+    da.length = c.length;
+    da.log_align_req = c.log_align;
+    da.comp_mask = c.comp_mask;
+    errno = 0;
+    EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr) << c.what;
+    EXPECT_EQ(errno, c.want) << c.what;
+  }
+  // The pool: two halves fit, a third allocation does not (ENOMEM) until one is freed.
+  da = {};
+  da.length = ax.max_dm_size / 2;
+  da.log_align_req = 6;
+  ibv_dm* a = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(a, nullptr) << strerror(errno);
+  ibv_dm* b = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(b, nullptr) << strerror(errno);
+  da.length = 4;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+
+  // memcpy: 4-byte aligned offset and length (EINVAL), inside the DM (EFAULT).
+  uint32_t w[4] = {1, 2, 3, 4}, r[4] = {};
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 2, w, 8), EINVAL);
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 0, w, 6), EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_memcpy_from_dm(r, a, ax.max_dm_size / 2 - 4, 8), EFAULT);
+  EXPECT_EQ(errno, EFAULT);
+  EXPECT_EQ(ibv_memcpy_to_dm(a, 16, w, sizeof w), 0);
+  EXPECT_EQ(ibv_memcpy_from_dm(r, a, 16, sizeof r), 0);
+  EXPECT_EQ(std::memcmp(w, r, sizeof w), 0);
+
+  // reg_dm_mr: ZERO_BASED required, only the four DM rights may join it, range inside.
+  const unsigned zb = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE;
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 0, 64, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 0, 64, zb | IBV_ACCESS_MW_BIND), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, a, 8, ax.max_dm_size / 2, zb), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* m = ibv_reg_dm_mr(pd_, a, 0, 64, zb);
+  ASSERT_NE(m, nullptr) << strerror(errno);
+  EXPECT_EQ(m->addr, nullptr);
+  errno = 0;
+  EXPECT_EQ(ibv_free_dm(a), EBUSY);  // an MR lies in it
+  EXPECT_EQ(errno, EBUSY);
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_free_dm(a), 0);
+  EXPECT_EQ(ibv_free_dm(b), 0);
+  da.length = ax.max_dm_size;  // the whole pool is free again
+  ibv_dm* all = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(all, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_free_dm(all), 0);
+}
+
+// Device memory on the data path, zero-based: QP 0 SENDs from a DM MR (a local SGE whose
+// address is an offset into the MR) into QP 1's ordinary buffer, then RDMA WRITEs into a
+// second DM MR at remote address 16 (an offset) and READs it back.
+TEST_F(VerbsExtTest, DeviceMemoryAsLocalSgeAndRemoteTarget) {
+  ibv_alloc_dm_attr da{};
+  da.length = 2 * kLen;
+  ibv_dm* src = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(src, nullptr) << strerror(errno);
+  ibv_dm* dst = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(dst, nullptr);
+  const unsigned acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE |
+                       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  ibv_mr* smr = ibv_reg_dm_mr(pd_, src, kLen, kLen, acc);  // the DM's second half
+  ASSERT_NE(smr, nullptr) << strerror(errno);
+  ibv_mr* dmr = ibv_reg_dm_mr(pd_, dst, 0, 2 * kLen, acc);
+  ASSERT_NE(dmr, nullptr) << strerror(errno);
+  std::vector<uint8_t> pat(kLen);
+  for (uint32_t i = 0; i < kLen; ++i) pat[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_EQ(ibv_memcpy_to_dm(src, kLen, pat.data(), kLen), 0);
+
+  post_recv(1, buf_[1].data(), mr_[1]->lkey, 40);
+  ibv_sge s{0, kLen, smr->lkey};  // offset 0 of the zero-based MR
+  ibv_send_wr w{};
+  w.wr_id = 41;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  EXPECT_EQ(poll(0).status, IBV_WC_SUCCESS);
+  ibv_wc rc = poll(1);
+  EXPECT_EQ(rc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(std::memcmp(buf_[1].data(), pat.data(), kLen), 0);
+
+  w.wr_id = 42;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr.rdma.remote_addr = 16;
+  w.wr.rdma.rkey = dmr->rkey;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  ibv_wc wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  std::vector<uint8_t> got(kLen);
+  ASSERT_EQ(ibv_memcpy_from_dm(got.data(), dst, 16, kLen), 0);
+  EXPECT_EQ(got, pat);
+
+  std::memset(buf_[0].data(), 0, kLen);
+  ibv_sge ls{reinterpret_cast<uintptr_t>(buf_[0].data()), kLen, mr_[0]->lkey};
+  w.wr_id = 43;
+  w.sg_list = &ls;
+  w.opcode = IBV_WR_RDMA_READ;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(std::memcmp(buf_[0].data(), pat.data(), kLen), 0);
+
+  // Past the DM MR's end (zero-based length 2 * kLen): Remote Access error.
+  w.wr_id = 44;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.wr.rdma.remote_addr = 2 * kLen - 8;
+  ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
+  wc = poll(0);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+
+  EXPECT_EQ(ibv_dereg_mr(smr), 0);
+  EXPECT_EQ(ibv_dereg_mr(dmr), 0);
+  EXPECT_EQ(ibv_free_dm(src), 0);
+  EXPECT_EQ(ibv_free_dm(dst), 0);
 }
 
 }  // namespace
