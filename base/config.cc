@@ -44,6 +44,12 @@ const VarDecl kVars[] = {
              "where a batch is never cut (docs/wire.md §4). Receiving with GRO is always on",
      .reader = "shim", .choices = "auto,on/1/yes,off/0/no",
      .store = [](Config* c, const VarValue& v) { c->gso = static_cast<GsoMode>(v.u); }},
+    {.name = "SOFTRNIC_HOSTING", .type = VarType::kEnum, .default_text = "`auto`",
+     .values = "`auto`, `daemon`, `embedded`",
+     .help = "auto: the softrnicd of SOFTRNIC_RUNTIME_DIR (or /run/softrnic) when one answers, "
+             "else the device inside this process; daemon: softrnicd or no device (docs/daemon.md)",
+     .reader = "shim", .choices = "auto,daemon,embedded",
+     .store = [](Config* c, const VarValue& v) { c->hosting = static_cast<Hosting>(v.u); }},
     {.name = "SOFTRNIC_PIN", .type = VarType::kEnum, .default_text = "`shadow`",
      .values = "`shadow`, `direct`",
      .help = "shadow: the device keeps its own mapping of registered pages, so memory mapped "

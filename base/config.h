@@ -48,6 +48,9 @@ enum class ControlSocket : uint8_t { kOn = 0, kOff, kRequired };
 // SOFTRNIC_GSO: whether the engine sends UDP GSO batches (verbs_shim/host.cc decides kAuto).
 enum class GsoMode : uint8_t { kAuto = 0, kOn, kOff };
 
+// SOFTRNIC_HOSTING: where the device lives (verbs_shim/daemon_client.h).
+enum class Hosting : uint8_t { kAuto = 0, kDaemon, kEmbedded };
+
 // SOFTRNIC_PIN: how registered pages are held (emu/objects/pin.h; the shim maps it).
 enum class PinMode : uint8_t { kShadow = 0, kDirect };
 
@@ -61,6 +64,7 @@ struct Config {
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)
   PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
+  Hosting hosting = Hosting::kAuto;          // SOFTRNIC_HOSTING (shim)
   uint32_t spin_us = kDefaultSpinUs;         // SOFTRNIC_SPIN_US (shim -> EngineConfig::spin_ns)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)

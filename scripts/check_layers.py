@@ -26,8 +26,12 @@ ALLOWED = {
     "emu/cm": ["base", "wire", "emu/objects", "emu/transport"],
     "emu/services": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/cm"],
     "verbs_shim": ["base", "wire", "emu/objects", "emu/transport", "emu/fault", "emu/cm",
-                   "emu/services"],
-    "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services"],
+                   "emu/services", "daemon/proto"],
+    "tools": ["base", "wire", "emu/objects", "emu/fault", "emu/services", "daemon/proto"],
+    # softrnicd: the engine's layers for its sockets and GID tables; daemon/proto is the
+    # protocol its clients (verbs_shim, tools) share with it.
+    "daemon/proto": ["base"],
+    "daemon": ["base", "wire", "emu/objects", "emu/services", "daemon/proto"],
     "pathmap": [],
     # librdmacm.so.1: only verbs_shim/cm_bridge.h (it must not link or include the engine).
     "rdmacm_shim": ["verbs_shim"],

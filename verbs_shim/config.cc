@@ -7,7 +7,8 @@
 namespace rnic::shim {
 
 bool parse_list_config(Config* cfg, std::string* err) {
-  static constexpr std::string_view kListVars[] = {"SOFTRNIC_NAME", "SYSFS_PATH"};
+  static constexpr std::string_view kListVars[] = {"SOFTRNIC_NAME", "SYSFS_PATH", "SOFTRNIC_HOSTING",
+                                                   "SOFTRNIC_RUNTIME_DIR", "XDG_RUNTIME_DIR"};
   *err = base::parse_config(base::process_env(), cfg, kListVars);
   return err->empty();
 }

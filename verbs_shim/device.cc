@@ -12,6 +12,7 @@
 
 
 #include "verbs_shim/host.h"
+#include "verbs_shim/daemon_client.h"
 #include "verbs_shim/shim.h"
 
 #undef ibv_query_port
@@ -76,7 +77,25 @@ void init_device_locked() {
     g_dev_ok = false;
     return;
   }
-  const std::string& name = cfg.name;
+  std::string name = cfg.name;
+  uint64_t guid = 0;
+  if (cfg.hosting != base::Hosting::kEmbedded) {
+    // Daemon hosting: list softrnicd's device (its name and its one GUID).
+    DaemonDevice dd;
+    int rc = daemon_find(cfg, &dd);
+    if (rc == 0) {
+      name = dd.info.name;
+      guid = dd.info.node_guid;
+      close(dd.fd);
+    } else if (rc != ENOENT || cfg.hosting == base::Hosting::kDaemon) {
+      if (rc == ENOENT) {
+        RNIC_LOG(kError, "SOFTRNIC_HOSTING=daemon: no softrnicd answers at %s; no device is listed",
+                 dd.path.c_str());
+      }
+      g_dev_ok = false;
+      return;
+    }
+  }
   std::memset(&g_dev.dev_, 0, sizeof g_dev.dev_);
   g_dev.dev_.node_type = IBV_NODE_CA;
   g_dev.dev_.transport_type = IBV_TRANSPORT_IB;
@@ -87,7 +106,7 @@ void init_device_locked() {
                 "%s/class/infiniband_verbs/uverbs0", root.c_str());
   std::snprintf(g_dev.dev_.ibdev_path, sizeof g_dev.dev_.ibdev_path, "%s/class/infiniband/%s",
                 root.c_str(), name.c_str());
-  g_dev.node_guid_be_ = htobe64(device_guid(name));
+  g_dev.node_guid_be_ = htobe64(guid != 0 ? guid : device_guid(name));
   g_dev.index_ = 0;
   g_dev.cm_tail_.magic = SOFTRNIC_CM_MAGIC;
   g_dev.cm_tail_.ops = cm_bridge_ops();

@@ -12,14 +12,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <optional>
 #include <string>
 
+#include "daemon/proto/proto.h"
 #include "emu/transport/engine.h"
 #include "emu/services/services.h"
+#include "verbs_shim/daemon_client.h"
 #include "verbs_shim/shim.h"
+#include "wire/udp_port.h"
 
 namespace rnic::shim {
 
@@ -38,6 +42,12 @@ void atfork_prepare() { g_host_mu.lock(); }
 void atfork_parent() { g_host_mu.unlock(); }
 void atfork_child() {
   g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  // Daemon hosting: the parent's slot sockets and daemon connection are the parent's; a child
+  // keeping them would hold the slot's sockets after the parent left (daemon/server.cc).
+  if (g_host != nullptr) {
+    for (int fd : g_host->daemon_fds_) close(fd);
+    if (g_host->daemon_fd_ >= 0) close(g_host->daemon_fd_);
+  }
   g_host = nullptr;
   g_host_mu.unlock();
 }
@@ -117,16 +127,49 @@ void dispatch(Host* h, emu::AsyncEvent& ev) {
   }
 }
 
+// Daemon hosting: one message from softrnicd (the dispatcher is its only reader). Returns
+// false once the daemon is gone: the device then turns fatal (Device::fatal), as a device
+// whose hardware died, and every request waiting for a reply gets EIO.
+bool on_daemon_message(Host* h) {
+  alignas(8) uint8_t buf[daemon::kMaxMsg];
+  ssize_t r = daemon::recv_msg(h->daemon_fd_, buf, sizeof buf);
+  if (r == -EAGAIN || r == -EINTR) return true;
+  if (r > 0) {
+    daemon::Header hd;
+    std::memcpy(&hd, buf, sizeof hd);
+    if (hd.type == uint32_t(daemon::MsgType::kReply) && size_t(r) == sizeof(daemon::ReplyMsg)) {
+      daemon::ReplyMsg m;
+      std::memcpy(&m, buf, sizeof m);
+      std::lock_guard lk(h->req_mu_);
+      h->reply_seq_ = m.seq;
+      h->reply_err_ = m.err;
+      h->req_cv_.notify_all();
+    }
+    return true;  // anything else is ignored (a newer daemon's message)
+  }
+  RNIC_LOG(kError, "device %s: softrnicd (%s) is gone: the device is lost",
+           h->cfg_.name.c_str(), h->daemon_path_.c_str());
+  {
+    std::lock_guard lk(h->req_mu_);
+    h->daemon_lost_ = true;
+    h->req_cv_.notify_all();
+  }
+  h->dev_->fatal();
+  return false;
+}
+
 void dispatcher_main(Host* h) {
   emu::AsyncEventQueue& q = h->dev_->async_events();
+  bool daemon_up = h->daemon_fd_ >= 0;
   for (;;) {
-    pollfd fds[2] = {{q.fd(), POLLIN, 0}, {h->stop_fd_, POLLIN, 0}};
-    int r = poll(fds, 2, -1);
+    pollfd fds[3] = {{q.fd(), POLLIN, 0}, {h->stop_fd_, POLLIN, 0}, {h->daemon_fd_, POLLIN, 0}};
+    int r = poll(fds, daemon_up ? 3 : 2, -1);
     if (r < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[1].revents != 0) return;
+    if (daemon_up && fds[2].revents != 0) daemon_up = on_daemon_message(h);
     emu::AsyncEvent ev;
     while (q.try_get(&ev).is_ok()) {
       dispatch(h, ev);
@@ -135,14 +178,24 @@ void dispatcher_main(Host* h) {
   }
 }
 
-int start_device(Host* h) {
+// `dd`: daemon hosting (the device softrnicd chose, its slot and sockets), else nullptr.
+int start_device(Host* h, const DaemonDevice* dd = nullptr, const daemon::OpenedMsg* slot = nullptr,
+                 std::vector<int>* fds = nullptr) {
   emu::DeviceConfig dc;
   dc.name = h->cfg_.name;
   dc.ip = h->ip_;
   dc.active_mtu = h->cfg_.mtu;
   // This process's node GUID (device.cc device_guid): recomputed here so a forked child's
-  // device gets its own; the listed device reports the same value from now on.
-  dc.node_guid = device_guid(dc.name);
+  // device gets its own; the listed device reports the same value from now on. A daemon's
+  // device has one GUID for every process.
+  dc.node_guid = dd != nullptr ? dd->info.node_guid : device_guid(dc.name);
+  if (dd != nullptr) {
+    dc.name = dd->info.name;
+    if (dc.active_mtu == 0) dc.active_mtu = dd->info.active_mtu;
+    dc.slot = static_cast<uint8_t>(slot->slot);
+    dc.max_qp = slot->max_qp;
+    dc.max_mr = slot->max_mr;
+  }
   h->dev_entry_->node_guid_be_ = htobe64(dc.node_guid);
   dc.pin = h->cfg_.pin == base::PinMode::kDirect ? emu::PinMode::kDirect : emu::PinMode::kShadow;
   auto r = emu::Device::open(dc);
@@ -155,11 +208,51 @@ int start_device(Host* h) {
   // The engine binds UDP <ip>:4791, installs itself as the device's hooks and engine, and
   // starts its progress thread; the device owns it from here on.
   emu::EngineConfig ec;
-  ec.gso = gso_for(h->cfg_.gso, h->ip_);
+  ec.gso = dd != nullptr && h->cfg_.gso == base::GsoMode::kAuto ? dd->info.gso != 0
+                                                                  : gso_for(h->cfg_.gso, h->ip_);
   ec.spin_ns = h->cfg_.spin_us * 1000u;
   RNIC_LOG(kInfo, "device %s on %s: UDP GSO %s", dc.name.c_str(), dc.ip.c_str(),
            ec.gso ? "on" : "off (one datagram per packet)");
-  auto e = emu::Engine::start(dev, ec);
+  emu::Result<std::shared_ptr<emu::Engine>> e = emu::Errc::kInval;
+  if (dd == nullptr) {
+    e = emu::Engine::start(dev, ec);
+  } else {
+    // The slot's sockets, one per GID in the daemon's order: the engine owns them from here.
+    wire::UdpPortOptions o;
+    if (slot->side != 0) {
+      o.side_fd = fds->back();  // the CM channel: QP1 datagrams softrnicd routes to us
+      fds->pop_back();
+    }
+    o.adopt = *fds;
+    fds->clear();
+    o.rcvbuf = ec.rcvbuf;
+    o.sndbuf = ec.sndbuf;
+    o.gso = ec.gso;
+    o.gro = ec.gro;
+    int perr = 0;
+    std::unique_ptr<wire::UdpPort> port = wire::UdpPort::open(o, &perr);
+    if (!port) {
+      RNIC_LOG(kError, "device %s: the sockets from softrnicd are unusable: %s", dc.name.c_str(),
+               std::strerror(perr));
+      dev->close();
+      return perr != 0 ? perr : EIO;
+    }
+    // GID i is the address of socket i; a GID the daemon did not bind is not listed.
+    size_t ok = 0;
+    while (ok < port->sockets() && ok < dev->gids().size() &&
+           port->local(ok).same_ip(dev->gids()[ok].addr)) {
+      h->daemon_fds_.push_back(port->fd(ok));
+      ++ok;
+    }
+    if (ok == 0) {
+      RNIC_LOG(kError, "device %s: softrnicd's sockets are not on %s", dc.name.c_str(), dc.ip.c_str());
+      dev->close();
+      return EIO;
+    }
+    for (size_t i = ok; i < port->sockets(); ++i) h->daemon_fds_.push_back(port->fd(i));
+    if (ok < dev->gids().size()) dev->truncate_gids(ok);
+    e = emu::Engine::start_with_port(dev, std::move(port), ec);
+  }
   if (!e.has_value()) {
     int rc = err_of(e.error());
     if (rc != EADDRINUSE) {
@@ -185,6 +278,10 @@ int start_device(Host* h) {
   // verbs (QP1 then drops MADs, counted as drop_unknown_qpn).
   cm::AgentOptions ao;
   ao.max_wait_ms = h->cfg_.cm_max_wait_ms;
+  if (h->daemon_fd_ >= 0) {
+    ao.comm_id_prefix = h->slot_;
+    ao.claim_service = [h](uint64_t sid, bool listen) { return host_claim_service(h, sid, listen); };
+  }
   int cm_err = 0;
   h->cm_ = cm::Agent::create(dev, ao, &cm_err);
   if (!h->cm_) RNIC_LOG(kWarn, "device %s: no CM agent: %s", dc.name.c_str(), std::strerror(-cm_err));
@@ -217,7 +314,43 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   h->dev_entry_ = dev;
   h->cfg_ = cfg;
   int rc = 0;
-  if (cfg.ip) {
+  bool hosted = false;
+  if (cfg.hosting != base::Hosting::kEmbedded) {
+    DaemonDevice dd;
+    rc = daemon_find(cfg, &dd);
+    if (rc == ENOENT && cfg.hosting == base::Hosting::kAuto) {
+      rc = 0;  // no daemon: embed the device
+    } else if (rc == ENOENT) {
+      RNIC_LOG(kError, "SOFTRNIC_HOSTING=daemon: no softrnicd answers at %s", dd.path.c_str());
+      return ENODEV;
+    } else if (rc != 0) {
+      return rc;
+    } else {
+      daemon::OpenedMsg opened;
+      std::vector<int> fds;
+      rc = daemon_open_slot(&dd, &opened, &fds);
+      if (rc != 0) {
+        RNIC_LOG(kError, "softrnicd at %s refused device %s: %s", dd.path.c_str(), dd.info.name,
+                 std::strerror(rc));
+        close(dd.fd);
+        return rc;
+      }
+      h->ip_ = dd.info.ip;
+      h->daemon_fd_ = dd.fd;
+      h->daemon_path_ = dd.path;
+      h->slot_ = static_cast<uint8_t>(opened.slot);
+      rc = start_device(h.get(), &dd, &opened, &fds);
+      for (int f : fds) close(f);
+      if (rc != 0) {
+        close(dd.fd);
+        return rc;
+      }
+      hosted = true;
+    }
+  }
+  if (hosted) {
+    // softrnicd's device: nothing to bind here.
+  } else if (cfg.ip) {
     h->ip_ = *cfg.ip;
     rc = probe_bind(h->ip_);
     if (rc != 0) RNIC_LOG(kError, "cannot bind UDP %s port 4791 (SOFTRNIC_IP): %s", h->ip_.c_str(), std::strerror(rc));
@@ -270,7 +403,29 @@ void host_release(Host* host) {
   if (emu::Engine* e = host->dev_->engine()) e->stop();
   host->dev_->close();
   host->dev_.reset();
+  // Daemon hosting: the engine (and with it the slot's sockets) is gone; closing the
+  // connection hands the slot back.
+  if (host->daemon_fd_ >= 0) close(host->daemon_fd_);
   delete host;
+}
+
+int host_claim_service(Host* host, uint64_t service_id, bool listen) {
+  if (host == nullptr || host->daemon_fd_ < 0) return 0;
+  std::lock_guard one_at_a_time(host->call_mu_);
+  std::unique_lock lk(host->req_mu_);
+  if (host->daemon_lost_) return EIO;
+  daemon::ServiceMsg m;
+  daemon::init_msg(&m, listen ? daemon::MsgType::kListen : daemon::MsgType::kUnlisten);
+  m.service_id = service_id;
+  m.seq = ++host->req_seq_;
+  if (daemon::send_msg(host->daemon_fd_, &m, sizeof m) != 0) return EIO;
+  // Requests are sent under req_mu_ and answered in order, so the reply with our number is
+  // the next one (the dispatcher thread stores it).
+  bool got = host->req_cv_.wait_for(lk, std::chrono::seconds(5), [&] {
+    return host->daemon_lost_ || host->reply_seq_ == m.seq;
+  });
+  if (!got || host->daemon_lost_) return EIO;
+  return host->reply_err_;
 }
 
 void host_add_context(Host* host, Context* ctx) {

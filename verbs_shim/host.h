@@ -1,11 +1,14 @@
-// Embedded hosting: the engine of one device living inside this process. The first
-// ibv_open_device of a device starts it (binding UDP 4791 on SOFTRNIC_IP or on the first
-// free loopback address from 127.0.0.2); contexts share it; the last close stops it.
+// Hosting of the engine of one device in this process. Embedded: the first ibv_open_device
+// of a device starts it (binding UDP 4791 on SOFTRNIC_IP or on the first free loopback address
+// from 127.0.0.2). Daemon (SOFTRNIC_HOSTING, docs/daemon.md): softrnicd owns the address and
+// hands this process a slot — its QPNs and keys — and the slot's reuseport sockets; the engine
+// runs here over them. Either way contexts share it and the last close stops it.
 #pragma once
 
 #include <netinet/in.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -41,6 +44,22 @@ struct Host {
   uint64_t fork_gen_ = 0;  // g_fork_generation when started (see host_inherited)
   std::atomic<uint64_t> dm_used_{0};  // bytes of device memory allocated (dm.cc)
   std::atomic<uint32_t> dm_handles_{1};
+  // Daemon hosting: the connection to softrnicd (its end means the daemon died: the device
+  // turns fatal), this process's slot, and the descriptors it handed over (closed in a
+  // forked child, which must not keep the parent's sockets). -1 / 0 / empty when embedded.
+  int daemon_fd_ = -1;
+  uint8_t slot_ = 0;
+  std::vector<int> daemon_fds_;
+  std::string daemon_path_;
+  // Requests to softrnicd (service IDs): the dispatcher thread reads every message, so a
+  // requester waits here for the reply with its sequence number.
+  std::mutex call_mu_;  // one request at a time
+  std::mutex req_mu_;
+  std::condition_variable req_cv_;
+  uint32_t req_seq_ = 0;
+  uint32_t reply_seq_ = 0;
+  int reply_err_ = 0;
+  bool daemon_lost_ = false;
 };
 
 // Fork safety. A pthread_atfork child handler (installed by the first host_acquire) bumps
@@ -61,6 +80,9 @@ inline cm::Agent* host_cm_agent(Host* h) { return h != nullptr ? h->cm_.get() : 
 // Starts (or references) the engine of `dev`. Returns 0 or a positive errno; a bad
 // SOFTRNIC_* value prints a message naming the variable and returns EINVAL.
 int host_acquire(DeviceEntry* dev, Host** out);
+// Daemon hosting: claims (listen) or releases a CM service ID on the device for this process.
+// 0; EADDRINUSE when another process listens on it; EIO when the daemon is gone. Embedded: 0.
+int host_claim_service(Host* host, uint64_t service_id, bool listen);
 // Drops one reference; the last one stops the engine. Null-safe.
 void host_release(Host* host);
 // Context registration for async-event dispatch. Thread-safe.

@@ -67,10 +67,21 @@ struct UdpPort::RxScratch {
 namespace {
 
 // One bound socket with every option the port relies on; -1 and *err on failure.
-int open_socket(const Endpoint& bind, const UdpPortOptions& opt, bool* gso, bool* gro,
-                Endpoint* local, int* err) {
+// `adopted` >= 0: that already-bound socket (its family from getsockname) instead of a new one.
+int open_socket(const Endpoint& bind_ep, const UdpPortOptions& opt, bool* gso, bool* gro,
+                Endpoint* local, int* err, int adopted = -1) {
+  Endpoint bind = bind_ep;
+  if (adopted >= 0) {
+    SockAddr got{};
+    socklen_t gotlen = sizeof(got);
+    if (getsockname(adopted, &got.sa, &gotlen) != 0 || !bind.from_sockaddr(&got.sa, gotlen)) {
+      *err = errno != 0 ? errno : EBADF;
+      ::close(adopted);
+      return -1;
+    }
+  }
   const bool v6 = bind.ipv6;
-  int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = adopted >= 0 ? adopted : ::socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *err = errno;
     return -1;
@@ -82,8 +93,10 @@ int open_socket(const Endpoint& bind, const UdpPortOptions& opt, bool* gso, bool
   };
   int one = 1;
   int zero = 0;
-  if (v6) {
+  if (v6 && adopted < 0) {
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) return fail(errno);
+  }
+  if (v6) {
     int pmtu = IPV6_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) return fail(errno);
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) != 0) return fail(errno);
@@ -115,10 +128,13 @@ int open_socket(const Endpoint& bind, const UdpPortOptions& opt, bool* gso, bool
   if (opt.gso) *gso = *gso && setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0;
   if (opt.gro) *gro = *gro && setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
 
+  if (opt.reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+    return fail(errno);
+  }
   SockAddr sa{};
   socklen_t salen = 0;
   fill_sockaddr(bind, &sa, &salen);
-  if (::bind(fd, &sa.sa, salen) != 0) return fail(errno);
+  if (adopted < 0 && ::bind(fd, &sa.sa, salen) != 0) return fail(errno);
   SockAddr got{};
   socklen_t gotlen = sizeof(got);
   if (getsockname(fd, &got.sa, &gotlen) != 0) return fail(errno);
@@ -133,24 +149,30 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
   int dummy;
   if (err == nullptr) err = &dummy;
   *err = 0;
-  if (opt.more.size() + 1 > kMaxSockets) {
+  const size_t n = opt.adopt.empty() ? opt.more.size() + 1 : opt.adopt.size();
+  if (n > kMaxSockets) {
+    for (int fd : opt.adopt) ::close(fd);
     *err = EINVAL;
     return nullptr;
   }
   std::unique_ptr<UdpPort> p(new UdpPort());
   bool gso = opt.gso, gro = opt.gro;
-  for (size_t i = 0; i <= opt.more.size(); ++i) {
-    Endpoint b = i == 0 ? opt.bind : opt.more[i - 1];
+  for (size_t i = 0; i < n; ++i) {
+    Endpoint b = i == 0 ? opt.bind : opt.adopt.empty() ? opt.more[i - 1] : opt.bind;
     if (i > 0) b.port = p->socks_[0].local.port;  // one UDP port for every address
     Sock& s = p->socks_[i];
-    s.fd = open_socket(b, opt, &gso, &gro, &s.local, err);
+    s.fd = open_socket(b, opt, &gso, &gro, &s.local, err, opt.adopt.empty() ? -1 : opt.adopt[i]);
+    if (s.fd < 0) {
+      for (size_t j = i + 1; j < opt.adopt.size(); ++j) ::close(opt.adopt[j]);
+    }
     if (s.fd < 0) return nullptr;  // the destructor closes the ones already open
     s.local.src_index = static_cast<uint8_t>(i);
     p->nsocks_ = i + 1;
   }
   p->gso_ = gso;
   p->gro_ = gro;
-  if (p->nsocks_ > 1) {
+  p->side_fd_ = opt.side_fd;
+  if (p->nsocks_ > 1 || p->side_fd_ >= 0) {
     p->epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (p->epfd_ < 0) {
       *err = errno;
@@ -161,6 +183,15 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
       ev.events = EPOLLIN;  // level-triggered: the set stays readable until all are drained
       ev.data.u64 = i;
       if (epoll_ctl(p->epfd_, EPOLL_CTL_ADD, p->socks_[i].fd, &ev) != 0) {
+        *err = errno;
+        return nullptr;
+      }
+    }
+    if (p->side_fd_ >= 0) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kMaxSockets;
+      if (epoll_ctl(p->epfd_, EPOLL_CTL_ADD, p->side_fd_, &ev) != 0) {
         *err = errno;
         return nullptr;
       }
@@ -177,6 +208,7 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
 
 UdpPort::~UdpPort() {
   for (size_t i = 0; i < nsocks_; ++i) ::close(socks_[i].fd);
+  if (side_fd_ >= 0) ::close(side_fd_);
   if (epfd_ >= 0) ::close(epfd_);
 }
 
@@ -291,17 +323,73 @@ int UdpPort::send_chunk(int fd, std::span<const TxDesc> pkts) {
 }
 
 int UdpPort::recv_impl(std::span<RxDesc> descs) {
-  if (nsocks_ == 1) return recv_socket(0, descs);
-  // Every socket in turn, starting one further each call so none starves.
   size_t total = 0;
+  if (side_fd_ >= 0) {
+    int r = recv_side(descs);
+    if (r > 0) total = size_t(r);
+    if (total == descs.size()) return int(total);
+    descs = descs.subspan(total);
+  }
+  if (nsocks_ == 1) {
+    int r = recv_socket(0, descs);
+    return r < 0 ? (total > 0 ? int(total) : r) : int(total) + r;
+  }
+  // Every socket in turn, starting one further each call so none starves.
   const size_t first = rx_next_;
   rx_next_ = (rx_next_ + 1) % nsocks_;
-  for (size_t j = 0; j < nsocks_ && total < descs.size(); ++j) {
-    int r = recv_socket((first + j) % nsocks_, descs.subspan(total));
-    if (r < 0) return total > 0 ? int(total) : r;
-    total += size_t(r);
+  size_t got = 0;  // into descs (after the side channel's)
+  for (size_t j = 0; j < nsocks_ && got < descs.size(); ++j) {
+    int r = recv_socket((first + j) % nsocks_, descs.subspan(got));
+    if (r < 0) return total + got > 0 ? int(total + got) : r;
+    got += size_t(r);
   }
-  return int(total);
+  return int(total + got);
+}
+
+int UdpPort::recv_side(std::span<RxDesc> descs) {
+  size_t n = 0;
+  while (n < descs.size()) {
+    RxDesc& d = descs[n];
+    SideFrame f;
+    iovec iov[2] = {{&f, sizeof f}, {d.buf, d.cap}};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    ssize_t r = ::recvmsg(side_fd_, &m, MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (r == 0) {  // the forwarder is gone: stop watching the channel
+      if (epfd_ >= 0) (void)epoll_ctl(epfd_, EPOLL_CTL_DEL, side_fd_, nullptr);
+      ::close(side_fd_);
+      side_fd_ = -1;
+      break;
+    }
+    if (size_t(r) < sizeof f) continue;  // malformed: nothing to deliver
+    d.len = uint32_t(size_t(r) - sizeof f);
+    d.truncated = (m.msg_flags & MSG_TRUNC) != 0;
+    d.ip_id = 0;
+    d.seg_size = 0;
+    d.tos = f.tos;
+    d.hop_limit = 0;
+    d.flow_label = 0;
+    d.src = Endpoint{};
+    d.src.ipv6 = f.ipv6 != 0;
+    std::memcpy(d.src.addr, f.src_addr, d.src.ipv6 ? 16 : 4);
+    d.src.port = f.src_port;
+    d.src.scope_id = f.scope_id;
+    const size_t k = f.dst_index < nsocks_ ? f.dst_index : 0;
+    d.dst = socks_[k].local;
+    d.dst.ipv6 = d.src.ipv6;
+    std::memset(d.dst.addr, 0, sizeof d.dst.addr);
+    std::memcpy(d.dst.addr, f.dst_addr, d.dst.ipv6 ? 16 : 4);
+    if (d.truncated) bump(ctr_.rx_truncated);
+    bump(ctr_.rx_packets);
+    bump(ctr_.rx_bytes, d.len);
+    ++n;
+  }
+  return int(n);
 }
 
 int UdpPort::recv_socket(size_t k, std::span<RxDesc> descs) {

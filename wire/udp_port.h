@@ -34,7 +34,31 @@ struct UdpPortOptions {
   // Enable UDP_GRO: received buffers may then hold several coalesced datagrams
   // (RxDesc::seg_size); give each RxDesc a cap of 65535 or coalesced data is truncated.
   bool gro = false;
+  // SO_REUSEPORT before bind: the daemon (daemon/) binds one socket per client on the
+  // device's address, and a classic BPF program steers each datagram to one of them.
+  bool reuseport = false;
+  // Sockets already bound (daemon hosting: received from softrnicd), one per address in
+  // order; `bind` and `more` are then ignored and the port owns these descriptors. Every
+  // other option is still applied to them.
+  std::vector<int> adopt;
+  // A SOCK_SEQPACKET socket carrying datagrams that arrived at another socket, one SideFrame
+  // and the UDP payload per message (daemon hosting: the QP1 traffic softrnicd routes to this
+  // process). They come out of recv_batch like any datagram; the port owns the descriptor.
+  int side_fd = -1;
 };
+
+// One forwarded datagram on UdpPortOptions::side_fd: this header, then the UDP payload.
+struct SideFrame {
+  uint8_t src_addr[16] = {};  // IPv4 in the first 4 bytes when !ipv6
+  uint8_t dst_addr[16] = {};
+  uint16_t src_port = 0;
+  uint8_t ipv6 = 0;
+  uint8_t dst_index = 0;      // which local address received it (RxDesc::dst.src_index)
+  uint8_t tos = 0;
+  uint8_t pad[3] = {};
+  uint32_t scope_id = 0;
+};
+static_assert(sizeof(SideFrame) == 44);
 
 // Contract: as Port. The socket is blocking for send (so a full send buffer applies
 // back-pressure instead of dropping) and recv uses MSG_DONTWAIT, so recv_batch never
@@ -56,9 +80,11 @@ class UdpPort final : public Port {
   // Local address i (0 = bind, i + 1 = more[i]) with the real port; REQUIRES i < sockets().
   const Endpoint& local(size_t i) const { return socks_[i].local; }
   size_t sockets() const { return nsocks_; }
+  // Socket i's descriptor (still owned by the port); REQUIRES i < sockets().
+  int fd(size_t i) const { return socks_[i].fd; }
   // The socket itself (one address), else an epoll set of all of them (readable while
   // datagrams wait on any).
-  int wait_fd() const override { return nsocks_ == 1 ? socks_[0].fd : epfd_; }
+  int wait_fd() const override { return epfd_ < 0 ? socks_[0].fd : epfd_; }
 
   bool gso_supported() const { return gso_; }
   bool gro_enabled() const { return gro_; }
@@ -85,6 +111,7 @@ class UdpPort final : public Port {
   int send_chunk(int fd, std::span<const TxDesc> pkts);
   int send_one_split(int fd, const TxDesc& d);
   int recv_socket(size_t k, std::span<RxDesc> descs);
+  int recv_side(std::span<RxDesc> descs);
   // The socket a datagram to dst leaves from: dst.src_index if it names one of dst's family,
   // else the first socket of that family.
   size_t socket_for(const Endpoint& dst) const;
@@ -96,6 +123,7 @@ class UdpPort final : public Port {
   Sock socks_[kMaxSockets];
   size_t nsocks_ = 0;
   int epfd_ = -1;
+  int side_fd_ = -1;
   size_t rx_next_ = 0;  // receive round-robin start (single consumer)
   bool gso_ = false;
   bool gro_ = false;

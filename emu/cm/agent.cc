@@ -147,6 +147,9 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     if (auto g = dev_->query_gid(1, 0); g.has_value()) gid_ = g->raw;
     udp_port_ = eng_->config().udp_port;
     next_id_ = opt_.first_comm_id != 0 ? opt_.first_comm_id : static_cast<uint32_t>(rand64());
+    if (opt_.comm_id_prefix != 0) {
+      next_id_ = (uint32_t{opt_.comm_id_prefix} << 24) | (next_id_ & 0xFFFFFFu);
+    }
     hi_tid_ = static_cast<uint32_t>(rand64() >> 32);
   }
 
@@ -180,14 +183,27 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   // ---- passive ----
   int listen(uint64_t service_id, Sink sink) override {
     if (!sink) return -EINVAL;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return -ESHUTDOWN;
+      if (listeners_.count(service_id) != 0) return -EADDRINUSE;
+    }
+    // Device-wide claim first (a round trip to softrnicd; never under mu_).
+    if (opt_.claim_service) {
+      if (int e = opt_.claim_service(service_id, true); e != 0) return -e;
+    }
     std::lock_guard lk(mu_);
     if (stop_) return -ESHUTDOWN;
     if (!listeners_.emplace(service_id, std::move(sink)).second) return -EADDRINUSE;
     return 0;
   }
   int cancel_listen(uint64_t service_id) override {
-    std::lock_guard lk(mu_);
-    return listeners_.erase(service_id) != 0 ? 0 : -ENOENT;
+    {
+      std::lock_guard lk(mu_);
+      if (listeners_.erase(service_id) == 0) return -ENOENT;
+    }
+    if (opt_.claim_service) (void)opt_.claim_service(service_id, false);
+    return 0;
   }
   int set_sink(uint32_t comm_id, Sink sink) override {
     std::lock_guard lk(mu_);
@@ -498,6 +514,10 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     uint32_t id;
     do {
       id = next_id_++;
+      if (opt_.comm_id_prefix != 0) {  // stay inside this process's prefix (daemon hosting)
+        id = (uint32_t{opt_.comm_id_prefix} << 24) | (id & 0xFFFFFFu);
+        next_id_ = id + 1;
+      }
     } while (id == 0 || conns_.count(id) != 0);
     Conn& c = conns_[id];
     c.id = id;

@@ -5,6 +5,7 @@
 // CHANGES (keep this list: the API is used by librdmacm, rdmacm/; changes are additive)
 //   v1 (12:25 UTC, issue 12) first version (header only).
 //   v2 (13:30 UTC) implemented (emu/cm/agent.cc); additive: AgentCounters::dropped_overflow.
+//   v3 (issue 16) additive: AgentOptions::comm_id_prefix and claim_service (daemon hosting).
 //
 // WHAT IT DOES
 //   Active side:   send_req -> (kRepReceived -> send_rtu) | kRejReceived | kMraReceived
@@ -301,6 +302,13 @@ struct AgentOptions {
   // 0 = random initial comm ID (the default, required for Linux peers); else comm IDs
   // start here (deterministic tests).
   uint32_t first_comm_id = 0;
+  // Daemon hosting (docs/daemon.md): several processes' agents share one device and its QP1.
+  // Non-zero: every comm ID (and SIDR request ID) this agent issues has this top byte (the
+  // process's slot), which is how softrnicd routes a reply to the right process; and
+  // claim_service(service_id, true/false) claims / releases a listened-on Service ID
+  // device-wide (0, or a positive errno — EADDRINUSE when another process holds it).
+  uint8_t comm_id_prefix = 0;
+  std::function<int(uint64_t service_id, bool listen)> claim_service;
 };
 
 // Per-agent counters (monotonic).

@@ -37,12 +37,27 @@ uint64_t seed_or_random(uint64_t seed, uint64_t salt) {
   return (uint64_t{rd()} << 32) ^ rd();
 }
 
+// Limits: the configured ones, else param.h's; a daemon client's slot (DeviceConfig::slot)
+// holds fewer QPNs and keys than a whole device.
+uint32_t max_qp_of(const DeviceConfig& cfg) {
+  uint32_t m = cfg.max_qp != 0 ? cfg.max_qp : kMaxQp;
+  return cfg.slot != 0 ? std::min<uint32_t>(m, 0xF000) : m;
+}
+uint32_t max_mr_of(const DeviceConfig& cfg) {
+  uint32_t m = cfg.max_mr != 0 ? cfg.max_mr : kMaxMr;
+  return cfg.slot != 0 ? std::min<uint32_t>(m, KeyTable::kPrefixMaxMr) : m;
+}
+uint32_t max_mw_of(const DeviceConfig& cfg) {
+  return cfg.slot != 0 ? std::min<uint32_t>(kMaxMw, KeyTable::kPrefixMaxMw) : kMaxMw;
+}
+
 KeyTable::Options key_options(const DeviceConfig& cfg) {
   KeyTable::Options o;
   o.secure = cfg.secure_keys;
-  o.max_mr = cfg.max_mr != 0 ? cfg.max_mr : kMaxMr;
-  o.max_mw = kMaxMw;
+  o.max_mr = max_mr_of(cfg);
+  o.max_mw = max_mw_of(cfg);
   o.seed = cfg.key_seed;
+  o.prefix = cfg.slot;
   return o;
 }
 
@@ -180,10 +195,11 @@ Device::Device(const DeviceConfig& cfg)
       cqs_(1, 0xFFFFFF, kMaxCq, seed_or_random(cfg.key_seed, 3)),
       srqs_(1, 0xFFFFFF, kMaxSrq, seed_or_random(cfg.key_seed, 4)),
       xrcds_(1, 0xFFFFFF, kMaxXrcd, seed_or_random(cfg.key_seed, 8)),
-      qps_(0x11, 0xFFFFFE, cfg.max_qp != 0 ? cfg.max_qp : kMaxQp,
+      qps_(uint32_t{cfg.slot} << 16 | 0x11, cfg.slot != 0 ? uint32_t{cfg.slot} << 16 | 0xFFFE : 0xFFFFFE,
+           max_qp_of(cfg),
            seed_or_random(cfg.key_seed, 5)),
       mws_(1, 0xFFFFFF, kMaxMw, seed_or_random(cfg.key_seed, 6)),
-      mrs_(1, 0xFFFFFF, cfg.max_mr != 0 ? cfg.max_mr : kMaxMr,
+      mrs_(1, 0xFFFFFF, max_mr_of(cfg),
            seed_or_random(cfg.key_seed, 7)) {
   set_strict_src(cfg.strict_src, cfg.strict_src_port);
 }
@@ -261,7 +277,7 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   at.vendor_id = kVendorId;
   at.vendor_part_id = kVendorPartId;
   at.hw_ver = kHwVer;
-  at.max_qp = static_cast<int>(cfg.max_qp != 0 ? cfg.max_qp : kMaxQp);
+  at.max_qp = static_cast<int>(max_qp_of(cfg));
   at.max_qp_wr = kMaxQpWr;
   at.device_cap_flags = kDevCapBadPkeyCntr | kDevCapBadQkeyCntr | kDevCapAutoPathMig |
                         kDevCapChangePhyPort | kDevCapUdAvPortEnforce |
@@ -272,13 +288,13 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   at.max_sge_rd = kMaxSgeRd;
   at.max_cq = kMaxCq;
   at.max_cqe = kMaxCqe;
-  at.max_mr = static_cast<int>(cfg.max_mr != 0 ? cfg.max_mr : kMaxMr);
+  at.max_mr = static_cast<int>(max_mr_of(cfg));
   at.max_pd = kMaxPd;
   at.max_qp_rd_atom = kMaxQpRdAtom;
   at.max_res_rd_atom = kMaxResRdAtom;
   at.max_qp_init_rd_atom = kMaxQpInitRdAtom;
   at.atomic_cap = AtomicCap::kHca;
-  at.max_mw = kMaxMw;
+  at.max_mw = static_cast<int>(max_mw_of(cfg));
   at.max_mcast_grp = kMaxMcastGrp;
   at.max_mcast_qp_attach = kMaxMcastQpAttach;
   at.max_total_mcast_qp_attach = kMaxTotalMcastQpAttach;
@@ -309,6 +325,18 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
 }
 
 Device::~Device() { close(); }
+
+void Device::fatal() {
+  if (fatal_.exchange(true, std::memory_order_acq_rel)) return;
+  for (const std::shared_ptr<Qp>& qp : qps_.snapshot()) {
+    std::lock_guard s(qp->send_mutex());
+    std::lock_guard r(qp->recv_mutex());
+    if (qp->state() != QpState::kReset && qp->state() != QpState::kErr) qp->enter_error_locked(false);
+  }
+  AsyncEvent ev;
+  ev.type = EventType::kDeviceFatal;
+  events_.push(std::move(ev));
+}
 
 void Device::close() {
   if (closed_) return;

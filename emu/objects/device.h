@@ -58,6 +58,12 @@ struct DeviceConfig {
   // softrnic peer sends from): that exact port, no latching.
   bool strict_src = false;
   uint16_t strict_src_port = 0;
+  // Daemon hosting (daemon/): this client's slot on a device shared by several processes,
+  // 1..255; 0 = embedded (the whole number space is this device's). A slot owns the QPNs
+  // slot << 16 | [0x0011, 0xFFFE] and the memory keys whose top byte is the slot, so the
+  // daemon steers a packet to its process by the destination QPN's top byte, and a key
+  // issued in one process never resolves in another's table (docs/daemon.md).
+  uint8_t slot = 0;
 };
 
 // ibv_device_attr, field for field (fw_ver as a string).
@@ -314,6 +320,11 @@ class Device : public std::enable_shared_from_this<Device> {
   // Destroy every remaining object (like the kernel reclaiming on close): QPs, SRQs, CQs,
   // MWs, MRs, AHs, PDs. Idempotent. Also run by the destructor.
   void close();
+  // The device is lost (daemon hosting: softrnicd died): every QP not in RESET or ERR enters
+  // ERR (its WQEs flush with WR_FLUSH_ERR) and one DEVICE_FATAL event is queued, as a driver
+  // does when its hardware fails. Idempotent; thread-safe.
+  void fatal();
+  bool is_fatal() const { return fatal_.load(std::memory_order_acquire); }
 
   // Monotonic clock used for CQE timestamps (ns).
   static uint64_t now_ns();
@@ -338,6 +349,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<uint32_t> strict_src_{0};
   std::vector<GidEntry> gids_;
   AsyncEventQueue events_;
+  std::atomic<bool> fatal_{false};
   std::atomic<TransportHooks*> hooks_{nullptr};
   std::shared_ptr<MemAccess> mem_;
   KeyTable keys_;

@@ -265,7 +265,7 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   // the MW's on the MW path (a bound MR cannot be deregistered or rereg'd, and unbinding
   // drains the MW's gate), else the MR's. Only when the caller will copy (out != nullptr).
   AccessGuard g;
-  if (keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : KeyTable::key_index_is_mw(rkey)) {
+  if (keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : keys.is_mw_key(rkey)) {
     // MW path (rxe_lookup_mw + rxe_check_mw).
     std::shared_ptr<Mw> mw = keys.find_mw(rkey);
     if (!mw) return RkeyResult::kBadKey;

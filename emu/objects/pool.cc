@@ -2,6 +2,8 @@
 // keys and secure random keys).
 #include "emu/objects/pool.h"
 
+#include <algorithm>
+
 namespace rnic::emu {
 
 namespace {
@@ -18,13 +20,18 @@ KeyTable::KeyTable(const Options& opt) : opt_(opt) {
     std::random_device rd;
     rng_.seed((uint64_t{rd()} << 32) ^ rd());
   }
-  mr_space_.min_index = kMinMrIndex;
-  mr_space_.max_index = kMaxMrIndex;
-  mr_space_.next_unused = kMinMrIndex;
+  const uint32_t base = uint32_t{opt_.prefix} << 16;
+  if (opt_.prefix != 0) {
+    opt_.max_mr = std::min<uint32_t>(opt_.max_mr, kPrefixMaxMr);
+    opt_.max_mw = std::min<uint32_t>(opt_.max_mw, kPrefixMaxMw);
+  }
+  mr_space_.min_index = opt_.prefix != 0 ? base | 0x0001 : kMinMrIndex;
+  mr_space_.max_index = opt_.prefix != 0 ? base | 0x7FFF : kMaxMrIndex;
+  mr_space_.next_unused = mr_space_.min_index;
   mr_space_.limit = opt_.max_mr;
-  mw_space_.min_index = kMinMwIndex;
-  mw_space_.max_index = kMaxMwIndex;
-  mw_space_.next_unused = kMinMwIndex;
+  mw_space_.min_index = opt_.prefix != 0 ? base | 0x8001 : kMinMwIndex;
+  mw_space_.max_index = opt_.prefix != 0 ? base | 0xFFFF : kMaxMwIndex;
+  mw_space_.next_unused = mw_space_.min_index;
   mw_space_.limit = opt_.max_mw;
 }
 
@@ -35,9 +42,9 @@ uint8_t KeyTable::fresh_byte(uint8_t prev) {
 }
 
 uint32_t KeyTable::fresh_handle_locked() {
-  std::uniform_int_distribution<uint32_t> d(1, 0xFFFFFF);
+  std::uniform_int_distribution<uint32_t> d(1, opt_.prefix != 0 ? 0xFFFF : 0xFFFFFF);
   for (;;) {
-    uint32_t h = d(rng_);
+    uint32_t h = (uint32_t{opt_.prefix} << 16) | d(rng_);
     if (secure_slots_.count(h) == 0 && retired_.count(h) == 0) return h;
   }
 }
@@ -45,7 +52,9 @@ uint32_t KeyTable::fresh_handle_locked() {
 void KeyTable::retire_handle_locked(uint32_t handle) {
   if (retired_.insert(handle).second) {
     retired_fifo_.push_back(handle);
-    if (retired_fifo_.size() > kRetiredCap) {
+    // A prefixed table has 65535 handles: live MRs + MWs + retired stay below that, so
+    // fresh_handle_locked always finds a free one.
+    if (retired_fifo_.size() > (opt_.prefix != 0 ? kPrefixRetiredCap : kRetiredCap)) {
       retired_.erase(retired_fifo_.front());
       retired_fifo_.pop_front();
     }
@@ -106,7 +115,7 @@ const KeyTable::Slot* KeyTable::find_locked(uint32_t key) const {
     auto it = secure_slots_.find(key >> 8);
     if (it != secure_slots_.end()) s = &it->second;
   } else {
-    const Space& sp = key_index_is_mw(key) ? mw_space_ : mr_space_;
+    const Space& sp = is_mw_key(key) ? mw_space_ : mr_space_;
     auto it = sp.slots.find(key >> 8);
     if (it != sp.slots.end()) s = &it->second;
   }

@@ -44,6 +44,11 @@ class KeyTable {
   static constexpr uint32_t kMinMwIndex = 0x080001;
   static constexpr uint32_t kMaxMwIndex = 0x0FFFFF;
   static constexpr size_t kRetiredCap = 1u << 20;
+  // With a prefix (Options::prefix): live-object limits and the retired-handle cap, whose sum
+  // stays under the 65535 handles of a prefix.
+  static constexpr uint32_t kPrefixMaxMr = 0x7000;
+  static constexpr uint32_t kPrefixMaxMw = 0x7000;
+  static constexpr size_t kPrefixRetiredCap = 0x1000;
   static constexpr bool key_index_is_mw(uint32_t key) {
     return (key >> 8) >= kMinMwIndex && (key >> 8) <= kMaxMwIndex;
   }
@@ -53,6 +58,10 @@ class KeyTable {
     uint32_t max_mr = kMaxMrIndex - kMinMrIndex + 1;  // live-object limits (ENOMEM past)
     uint32_t max_mw = kMaxMwIndex - kMinMwIndex + 1;
     uint64_t seed = 0;  // 0 = seed from std::random_device; else deterministic keys
+    // Non-zero (daemon hosting, DeviceConfig::slot): every key's top byte is `prefix`. MR
+    // indices are prefix << 16 | [0x0001, 0x7FFF], MW indices prefix << 16 | [0x8001, 0xFFFF]
+    // (at most kPrefixMaxMr / kPrefixMaxMw live), secure handles prefix << 16 | a random 16 bits.
+    uint8_t prefix = 0;
   };
   explicit KeyTable(const Options& opt);
   KeyTable(const KeyTable&) = delete;
@@ -82,6 +91,11 @@ class KeyTable {
   size_t live_mrs() const;
   size_t live_mws() const;
   bool secure() const { return opt_.secure; }
+  // Whether `key` falls in this table's MW index range (default mode; key_index_is_mw for
+  // a table without prefix).
+  bool is_mw_key(uint32_t key) const {
+    return (key >> 8) >= mw_space_.min_index && (key >> 8) <= mw_space_.max_index;
+  }
   // Switch secure mode on/off. Only while no key has ever been issued (returns false after);
   // call before the table is shared with other threads (device setup).
   bool set_secure(bool on);

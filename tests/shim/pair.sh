@@ -3,7 +3,9 @@
 # loopback, each with its own softrnic device) through scripts/softrnic, with timeouts.
 # Passes when both exit 0, the client's output matches --expect and the server's matches
 # --server-expect (default for both: any output; one-sided tests print only on the client).
-#   pair.sh [--preload] [--expect RE] [--server-expect RE] [--timeout S] PORT -- TOOL [ARGS...]
+#   pair.sh [--preload] [--daemon] [--expect RE] [--server-expect RE] [--timeout S] PORT -- TOOL [ARGS...]
+# --daemon: one softrnicd (SOFTRNICD, its own runtime dir) hosts the device of both processes
+# (SOFTRNIC_HOSTING=daemon): they must then report the same local GID.
 # The server runs "TOOL ARGS -p PORT", the client "TOOL ARGS -p PORT 127.0.0.1".
 # Needs SOFTRNIC_SHIM_DIR (the directory holding the built libibverbs.so.1).
 set -uo pipefail
@@ -13,12 +15,14 @@ launcher="$here/../../scripts/softrnic"
 launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan build)
 . "$here/output_checks.sh"
 mode=()
+daemon=0
 expect='.'
 sexpect='.'
 tmo=60
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) mode=(--preload); shift ;;
+    --daemon) daemon=1; shift ;;
     --expect) expect="$2"; shift 2 ;;
     --server-expect) sexpect="$2"; shift 2 ;;
     --timeout) tmo="$2"; shift 2 ;;
@@ -31,10 +35,20 @@ port="$1"; shift
 [ $# -gt 0 ] || { echo "usage: pair.sh [--preload] [--expect RE] PORT -- TOOL ARGS" >&2; exit 2; }
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+dpid=
+trap '[ -n "$dpid" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"' EXIT
 
 # Each test gets its own runtime dir so generated sysfs trees never race.
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
+if [ "$daemon" = 1 ]; then
+  mkdir -m 700 "$SOFTRNIC_RUNTIME_DIR"
+  "${SOFTRNICD:?SOFTRNICD: the softrnicd binary}" --foreground --runtime-dir "$SOFTRNIC_RUNTIME_DIR" \
+    >"$work/daemon.out" 2>&1 &
+  dpid=$!
+  for _ in $(seq 1 100); do [ -S "$SOFTRNIC_RUNTIME_DIR/softrnicd.sock" ] && break; sleep 0.05; done
+  [ -S "$SOFTRNIC_RUNTIME_DIR/softrnicd.sock" ] || { echo "FAIL: softrnicd did not start"; cat "$work/daemon.out"; exit 1; }
+  export SOFTRNIC_HOSTING=daemon
+fi
 
 timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" >"$work/server.out" 2>&1 &
 spid=$!
@@ -58,6 +72,15 @@ cat "$work/client.out"
 
 fail=0
 [ "$listening" = 1 ] || fail=1
+if [ "$daemon" = 1 ]; then
+  # One device: both sides' local GIDs (ibverbs-utils "GID ::ffff:a.b.c.d", perftest
+  # "GID: 00:00:...") are the daemon's address.
+  lgid() { grep -m1 -i 'local address' "$1" | grep -oiE 'GID:? *[0-9a-f:.]+' | head -1; }
+  sg="$(lgid "$work/server.out")"; cg="$(lgid "$work/client.out")"
+  echo "== daemon: server $sg, client $cg"
+  cat "$work/daemon.out"
+  if [ -z "$sg" ] || [ "$sg" != "$cg" ]; then echo "FAIL: not one device (local GIDs '$sg' / '$cg')"; fail=1; fi
+fi
 check_run server "$src" "$work/server.out" "$sexpect" || fail=1
 check_run client "$crc" "$work/client.out" "$expect" || fail=1
 check_foreign "$work/server.out" "$work/client.out" || fail=1
