@@ -4,10 +4,11 @@
 # (nodad) and its fe80:: link-local address. Host 1 (the servers) and host 2 open their
 # device on the IPv4 address, so its GID table is 0 = ::ffff:10.x.0.i, 1 = fdNN::i, 2 = fe80::..
 # (an IPv4 device that also serves IPv6); host 3 opens it on fdNN::3 (an IPv6 device: GID 0 is
-# the IPv6 address, no IPv4 GID). Unmodified rdmacm-utils, server on host 1:
+# the IPv6 address, no IPv4 GID). Unmodified rdmacm-utils (server on host 1 unless said):
 #   rping -a fdNN::1 (client on the IPv6 device), rping -a fe80::..%eth0 (link-local, client on
 #   host 2), ucmatose -b/-s fdNN::1 (client: '[fdNN::1]', the bracketed form), udaddy -b/-s
-#   fdNN::1 (UD: SIDR over IPv6, AH from the path and from the work completion),
+#   fdNN::3 (server on the IPv6 device; UD: SIDR over IPv6, AH from the path and from the
+#   work completion),
 #   ucmatose -b :: with an IPv4 client (host 2 -> 10.x.0.1) and an IPv6 client (host 3 ->
 #   fdNN::1) on the one wildcard listener (IPv4 and IPv6 coexisting).
 # The bridge capture: every CM REQ of an IPv6 run is carried over IPv6, tshark decodes its
@@ -78,18 +79,18 @@ check() {
   echo "---- $name: exit $rc, $got/$n lines /$re/ (tail)"; tail -n 15 "$f"
   return 1
 }
-# pair NAME RE N TMO CLIENT_HOST -- SERVER_CMD... --client-- CLIENT_CMD...: server on host 1.
+# pair NAME RE N TMO SERVER_HOST CLIENT_HOST -- SERVER_CMD... --client-- CLIENT_CMD...
 pair() {
-  local name="$1" re="$2" n="$3" tmo="$4" ch="$5"; shift 5
+  local name="$1" re="$2" n="$3" tmo="$4" sh="$5" ch="$6"; shift 6
   [ "$1" = "--" ] && shift
   local server=() client=()
   while [ $# -gt 0 ] && [ "$1" != "--client--" ]; do server+=("$1"); shift; done
   shift
   client=("$@")
   local t0=$SECONDS
-  run_on 1 "$name.server" "$tmo" "${server[@]}"
+  run_on "$sh" "$name.server" "$tmo" "${server[@]}"
   local spid=$rpid
-  server_up 1 "$spid"
+  server_up "$sh" "$spid"
   run_on "$ch" "$name.client" "$tmo" "${client[@]}"
   local cpid=$rpid rc1 rc2
   wait "$cpid"; rc2=$?
@@ -108,17 +109,18 @@ for _ in $(seq 1 50); do [ -s "$pcap" ] && break; sleep 0.1; done
 sleep 0.5
 
 # rping: RC over IPv6, both directions of data validated (-V), 50 pings.
-pair rping_v6 'ping data: rdma-ping-' 50 40 3 -- rping -s -a "$S6" -v -V -C 50 \
+pair rping_v6 'ping data: rdma-ping-' 50 40 1 3 -- rping -s -a "$S6" -v -V -C 50 \
   --client-- rping -c -a "$S6" -v -V -C 50
 # rping to the link-local address (scope = eth0): GID 2 on both ends.
-pair rping_linklocal 'ping data: rdma-ping-' 20 40 2 -- rping -s -a "$SLL%eth0" -v -V -C 20 \
+pair rping_linklocal 'ping data: rdma-ping-' 20 40 1 2 -- rping -s -a "$SLL%eth0" -v -V -C 20 \
   --client-- rping -c -a "$SLL%eth0" -v -V -C 20
 # ucmatose: 2 connections, sends both ways; the client names the server as '[fdNN::1]'.
-pair ucmatose_v6 'test complete' 1 40 3 -- ucmatose -b "$S6" -c 2 \
+pair ucmatose_v6 'test complete' 1 40 1 3 -- ucmatose -b "$S6" -c 2 \
   --client-- ucmatose -s "[$S6]" -c 2
-# udaddy: UD over IPv6 (SIDR_REQ/SIDR_REP, then datagrams both ways).
-pair udaddy_v6 'test complete' 1 40 3 -- udaddy -b "$S6" \
-  --client-- udaddy -s "$S6"
+# udaddy: UD over IPv6 (SIDR_REQ/SIDR_REP, then datagrams both ways); the server on the IPv6
+# device (host 3), the client on host 1's IPv4 device, from its IPv6 GID.
+pair udaddy_v6 'test complete' 1 40 3 1 -- udaddy -b "$(topo_ip6 3)" \
+  --client-- udaddy -s "$(topo_ip6 3)"
 
 # One wildcard IPv6 listener (AFONLY off, the kernel's default) takes an IPv4 client and an
 # IPv6 client: host 2 connects to 10.x.0.1, host 3 (IPv6 device) to fdNN::1.
@@ -160,13 +162,14 @@ else
   echo "$reqs" | head -5
 fi
 # SIDR over IPv6 (udaddy) and the link-local exchange.
-nsidr=$(tshark -n -r "$pcap" -Y "ipv6.dst == $S6 && infiniband.mad.attributeid == 0x0017" 2>/dev/null | wc -l)
+nsidr=$(tshark -n -r "$pcap" -Y "ipv6.src == $S6 && ipv6.dst == $h3 && infiniband.mad.attributeid == 0x0017" 2>/dev/null | wc -l)
+nsidrrep=$(tshark -n -r "$pcap" -Y "ipv6.src == $h3 && ipv6.dst == $S6 && infiniband.mad.attributeid == 0x0018" 2>/dev/null | wc -l)
 nll=$(tshark -n -r "$pcap" -Y "ipv6.dst == $SLL && infiniband.cm.req" 2>/dev/null | wc -l)
 nv4req=$(tshark -n -r "$pcap" -Y "ip.dst == $S4 && infiniband.cm.req.ip_cm.ipv == 4" 2>/dev/null | wc -l)
-if [ "$nsidr" -ge 1 ] && [ "$nll" -ge 1 ] && [ "$nv4req" -ge 1 ]; then
-  ok "tshark: SIDR_REQ over IPv6 ($nsidr), REQ to the link-local address ($nll), IPv4 REQ with a version-4 header ($nv4req)"
+if [ "$nsidr" -ge 1 ] && [ "$nsidrrep" -ge 1 ] && [ "$nll" -ge 1 ] && [ "$nv4req" -ge 1 ]; then
+  ok "tshark: SIDR_REQ/SIDR_REP over IPv6 ($nsidr/$nsidrrep), REQ to the link-local address ($nll), IPv4 REQ with a version-4 header ($nv4req)"
 else
-  bad "tshark: SIDR_REQ over IPv6 $nsidr, link-local REQ $nll, IPv4 REQ $nv4req (want >= 1 each)"
+  bad "tshark: SIDR_REQ/REP over IPv6 $nsidr/$nsidrrep, link-local REQ $nll, IPv4 REQ $nv4req (want >= 1 each)"
 fi
 total=$(tshark -n -r "$pcap" 2>/dev/null | wc -l)
 badl=$(tshark -n -r "$pcap" --disable-protocol rpcordma \
