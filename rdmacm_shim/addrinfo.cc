@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "rdmacm_shim/cma.h"
 
@@ -67,6 +68,15 @@ RDMACM_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const 
     if (node == nullptr && service == nullptr && hints == nullptr) return EAI_NONAME;
     if (int rc = ucma_init(); rc != 0) return fail(rc);
     if (node == nullptr && service == nullptr) return from_hints(*hints, res);
+    // "[fe80::1%eth0]" / "[::1]": the bracketed literal URLs and endpoint names use (an
+    // extension; libc's getaddrinfo takes the address, with its %scope, without brackets).
+    std::string unbracketed;
+    if (node != nullptr && node[0] == '[') {
+      const char* end = std::strchr(node, ']');
+      if (end == nullptr || end[1] != '\0' || end == node + 1) return EAI_NONAME;
+      unbracketed.assign(node + 1, static_cast<size_t>(end - node - 1));
+      node = unbracketed.c_str();
+    }
     auto* ai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
     if (ai == nullptr) return fail(ENOMEM);
     addrinfo h{};

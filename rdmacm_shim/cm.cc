@@ -12,23 +12,46 @@
 
 namespace rnic::rdmacm {
 
-void cma_hdr_build(const sockaddr_in& src, const sockaddr_in& dst, uint8_t out[kCmaHdrSize]) {
+bool cma_hdr_build(const sockaddr* src, const sockaddr* dst, uint8_t out[kCmaHdrSize]) {
+  uint8_t s[16], d[16];
+  uint32_t scope = 0;
+  if (!sa_gid(src, s, &scope) || !sa_gid(dst, d, &scope)) return false;
   std::memset(out, 0, kCmaHdrSize);
-  out[0] = 0x00;       // MajV | MinV
-  out[1] = 4 << 4;     // IP version
-  std::memcpy(out + 2, &src.sin_port, 2);            // the active side's port
-  std::memcpy(out + 4 + 12, &src.sin_addr.s_addr, 4);  // IPv4: 12 zero bytes + the address
-  std::memcpy(out + 20 + 12, &dst.sin_addr.s_addr, 4);
+  out[0] = 0x00;  // MajV | MinV
+  uint16_t port = htons(sa_port(src));
+  std::memcpy(out + 2, &port, 2);  // the active side's port
+  if (gid_is_v4(s)) {
+    out[1] = 4 << 4;  // IP version 4: 12 zero bytes + the address (not ::ffff-mapped)
+    std::memcpy(out + 4 + 12, s + 12, 4);
+    std::memcpy(out + 20 + 12, d + 12, 4);
+  } else {
+    out[1] = 6 << 4;  // IP version 6: the 16-byte addresses
+    std::memcpy(out + 4, s, 16);
+    std::memcpy(out + 20, d, 16);
+  }
+  return true;
 }
 
-bool cma_hdr_parse(const uint8_t* in, sockaddr_in* src, sockaddr_in* dst) {
-  if (in[0] != 0x00 || (in[1] >> 4) != 4) return false;
+bool cma_hdr_parse(const uint8_t* in, sockaddr_storage* src, sockaddr_storage* dst) {
+  int ver = in[1] >> 4;
+  if (in[0] != 0x00 || (ver != 4 && ver != 6)) return false;
   std::memset(src, 0, sizeof *src);
   std::memset(dst, 0, sizeof *dst);
-  src->sin_family = dst->sin_family = AF_INET;
-  std::memcpy(&src->sin_port, in + 2, 2);
-  std::memcpy(&src->sin_addr.s_addr, in + 16, 4);
-  std::memcpy(&dst->sin_addr.s_addr, in + 32, 4);
+  if (ver == 4) {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(src);
+    auto* d4 = reinterpret_cast<sockaddr_in*>(dst);
+    s4->sin_family = d4->sin_family = AF_INET;
+    std::memcpy(&s4->sin_port, in + 2, 2);
+    std::memcpy(&s4->sin_addr.s_addr, in + 16, 4);
+    std::memcpy(&d4->sin_addr.s_addr, in + 32, 4);
+  } else {
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(src);
+    auto* d6 = reinterpret_cast<sockaddr_in6*>(dst);
+    s6->sin6_family = d6->sin6_family = AF_INET6;
+    std::memcpy(&s6->sin6_port, in + 2, 2);
+    std::memcpy(s6->sin6_addr.s6_addr, in + 4, 16);
+    std::memcpy(d6->sin6_addr.s6_addr, in + 20, 16);
+  }
   return true;
 }
 
@@ -73,7 +96,7 @@ void fill_ud_ah(Id* id, ibv_ah_attr* ah) {
   std::memset(ah, 0, sizeof *ah);
   ah->is_global = 1;
   std::memcpy(ah->grh.dgid.raw, id->path.dgid.raw, 16);
-  ah->grh.sgid_index = 0;
+  ah->grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
   ah->grh.hop_limit = id->path.hop_limit ? id->path.hop_limit : 64;
   ah->grh.traffic_class = id->path.traffic_class;
   ah->grh.flow_label = ntohl(id->path.flow_label);
@@ -96,14 +119,32 @@ void on_request(Device* d, uint64_t conn, uint64_t listen, const softrnic_cm_msg
   Id* l = it->second;
   bool ud = m.type == SOFTRNIC_CM_SIDR_REQ;
   bool want_ud = l->pub.qp_type == IBV_QPT_UD;
-  sockaddr_in src{}, dst{};
+  sockaddr_storage src{}, dst{};
   bool hdr = uses_cma_hdr(l);
   bool ok = ud == want_ud && (!hdr || cma_hdr_parse(m.private_data, &src, &dst));
-  // An IP-bound listener takes only requests for its address.
-  in_addr bound{};
-  if (ok && hdr && sa_ipv4(reinterpret_cast<sockaddr*>(&l->bound), &bound) && bound.s_addr != 0 &&
-      bound.s_addr != dst.sin_addr.s_addr)
-    ok = false;
+  // Which requests a listener takes (the kernel's cma_match_private_data): a wildcard one
+  // every request unless AFONLY (an AF_INET wildcard is AFONLY by default); otherwise only
+  // its own IP version, and an IP-bound one only requests for its address.
+  const auto* bound = reinterpret_cast<const sockaddr*>(&l->bound);
+  if (ok && hdr && !(sa_any(bound) && !l->afonly)) {
+    uint8_t bg[16], dg[16];
+    uint32_t scope = 0;
+    bool hdr_v4 = dst.ss_family == AF_INET;
+    sa_gid(bound, bg, &scope);
+    sa_gid(reinterpret_cast<const sockaddr*>(&dst), dg, &scope);
+    if (gid_is_v4(bg) != hdr_v4) ok = false;
+    else if (!sa_any(bound) && std::memcmp(bg, dg, 16) != 0) ok = false;
+  }
+  // Our side of it: the GID the REQ was sent to (its primary path's remote GID; SIDR: the
+  // one it arrived on), else the header's destination.
+  int index = gid_index(d, m.remote_gid, 0);
+  if (index < 0 && hdr) {
+    uint8_t dg[16];
+    uint32_t scope = 0;
+    sa_gid(reinterpret_cast<const sockaddr*>(&dst), dg, &scope);
+    index = gid_index(d, dg, 0);
+  }
+  if (index < 0) index = 0;
   Id* id = ok ? id_for_request(l, d) : nullptr;
   if (id == nullptr) {
     d->ops->send(d->verbs, conn, &rej);
@@ -111,15 +152,24 @@ void on_request(Device* d, uint64_t conn, uint64_t listen, const softrnic_cm_msg
     return;
   }
   id->port = 0;  // the listener owns the port
+  id->sgid_index = index;
   auto& ra = id->pub.route.addr;
-  dst.sin_port = htons(static_cast<uint16_t>(m.service_id & 0xFFFF));
-  std::memcpy(&ra.src_addr, &dst, sizeof dst);  // our side: the header's destination
-  std::memcpy(&ra.dst_addr, &src, sizeof src);
-  std::memcpy(ra.addr.ibaddr.sgid.raw, d->info.gid, 16);
+  std::memcpy(ra.addr.ibaddr.sgid.raw, d->info.gids[index].raw, 16);
+  if (hdr) {
+    // A link-local pair lives on the interface of our GID (the kernel: the netdev's index).
+    uint32_t scope = d->info.gids[index].scope_id;
+    for (sockaddr_storage* a : {&src, &dst}) {
+      auto* a6 = reinterpret_cast<sockaddr_in6*>(a);
+      if (a->ss_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) a6->sin6_scope_id = scope;
+    }
+    sa_set_port(reinterpret_cast<sockaddr*>(&dst), static_cast<uint16_t>(m.service_id & 0xFFFF));
+    std::memcpy(&ra.src_addr, &dst, sa_len(reinterpret_cast<sockaddr*>(&dst)));  // our side: the header's destination
+    std::memcpy(&ra.dst_addr, &src, sa_len(reinterpret_cast<sockaddr*>(&src)));
+  }
   if (ud) {
-    std::memset(ra.addr.ibaddr.dgid.raw, 0, 16);
-    ra.addr.ibaddr.dgid.raw[10] = ra.addr.ibaddr.dgid.raw[11] = 0xFF;
-    std::memcpy(ra.addr.ibaddr.dgid.raw + 12, &src.sin_addr.s_addr, 4);
+    uint32_t scope = 0;
+    if (!hdr || !sa_gid(reinterpret_cast<const sockaddr*>(&src), ra.addr.ibaddr.dgid.raw, &scope))
+      std::memcpy(ra.addr.ibaddr.dgid.raw, m.local_gid, 16);  // where the SIDR_REQ came from
   } else {
     std::memcpy(ra.addr.ibaddr.dgid.raw, m.local_gid, 16);
   }

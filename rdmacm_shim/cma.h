@@ -89,6 +89,7 @@ struct Id {
   rdma_cm_id pub;
   State state = State::kIdle;
   Device* dev = nullptr;
+  int sgid_index = 0;  // the device's GID this id's address is (its QPs' AV sgid_index)
   Channel* own_channel = nullptr;  // sync mode: the private channel
   bool sync = false;
   int reported = 0, acked = 0;  // events returned by get_cm_event / acked (g().mu)
@@ -109,6 +110,7 @@ struct Id {
   uint8_t tos = 0, ack_timeout = kDefaultAckTimeout;
   bool ack_timeout_set = false;
   int afonly = 0, reuseaddr = 0;
+  bool afonly_set = false;  // RDMA_OPTION_ID_AFONLY given (else bind decides, as the kernel)
   // rdma_create_ep (passive): what rdma_get_request creates each QP with.
   ibv_qp_init_attr* ep_attr = nullptr;
   ibv_pd* ep_pd = nullptr;
@@ -133,8 +135,26 @@ Global& g();
 // Opens the devices once (ENODEV: none, or the libibverbs in the process is not ours).
 // Returns 0 or an errno. Takes g().mu itself.
 int ucma_init();
-Device* device_for_ip(in_addr ip);  // REQUIRES g().mu; nullptr if no device has it
 Device* device_for_ctx(ibv_context* c);  // REQUIRES g().mu
+// Addresses as GIDs (cm-notes §3.4): an AF_INET address is the GID ::ffff:a.b.c.d, an
+// AF_INET6 one its 16 bytes (so a v4-mapped AF_INET6 address is the IPv4 GID).
+bool gid_is_v4(const uint8_t gid[16]);
+// The GID form of an AF_INET / AF_INET6 sockaddr and its scope id (link-local IPv6: the
+// interface index, 0 = unspecified); false for other families.
+bool sa_gid(const sockaddr* sa, uint8_t gid[16], uint32_t* scope);
+// The index of `gid` in d's GID table; a link-local GID must be on interface `scope` unless
+// scope is 0. -1 if d has no such GID.
+int gid_index(const Device* d, const uint8_t gid[16], uint32_t scope);
+// The device (and GID index) whose GID table has `gid`. REQUIRES g().mu; nullptr if none.
+Device* device_for_gid(const uint8_t gid[16], uint32_t scope, int* index);
+// The first GID of d of the family of `like` (v4-mapped or IPv6; for a link-local `like`
+// a link-local GID on interface `scope`, else a non-link-local one), or -1.
+int gid_index_like(const Device* d, const uint8_t like[16], uint32_t scope);
+// The sockaddr naming GID `index` of d with `port` (host order): AF_INET for an IPv4 GID
+// unless as_v6 (then ::ffff:a.b.c.d), AF_INET6 with the scope id for an IPv6 one.
+void sa_of_gid(const Device* d, int index, uint16_t port, bool as_v6, sockaddr_storage* out);
+// The sockaddr of an arbitrary GID (no device), as above.
+void sa_of_raw_gid(const uint8_t gid[16], uint32_t scope, uint16_t port, bool as_v6, sockaddr_storage* out);
 
 // ---- channel.cc ----
 Channel* channel_new();  // nullptr + errno
@@ -183,7 +203,10 @@ void sa_set_port(sockaddr* sa, uint16_t port);
 socklen_t sa_len(const sockaddr* sa);
 // IPv4 address of an AF_INET or v4-mapped AF_INET6 sockaddr; false otherwise.
 bool sa_ipv4(const sockaddr* sa, in_addr* out);
+// The wildcard of either family (0.0.0.0, ::, ::ffff:0.0.0.0).
 bool sa_any(const sockaddr* sa);
+// The loopback of either family (127/8, ::1, ::ffff:127/8).
+bool sa_loopback(const sockaddr* sa);
 uint32_t random24();
 
 }  // namespace rnic::rdmacm
@@ -193,10 +216,13 @@ namespace rnic::rdmacm {
 inline uint64_t service_id(int ps, uint16_t port) {
   return (static_cast<uint64_t>(ps & 0xFFFF) << 16) | port;  // TCP 7471: 0x01061D2F
 }
-// The 36-byte IP CM header (cm-notes §3.6) for an IPv4 connection src -> dst.
-void cma_hdr_build(const sockaddr_in& src, const sockaddr_in& dst, uint8_t out[kCmaHdrSize]);
-// Parses it; false unless version 0 and IP version 4.
-bool cma_hdr_parse(const uint8_t* in, sockaddr_in* src, sockaddr_in* dst);
+// The 36-byte IP CM header (cm-notes §3.6) for a connection src -> dst: IP version 4 with
+// 12 zero bytes + the address when the source is IPv4 (AF_INET or v4-mapped), else IP
+// version 6 with the 16-byte addresses. False if either is not AF_INET / AF_INET6.
+bool cma_hdr_build(const sockaddr* src, const sockaddr* dst, uint8_t out[kCmaHdrSize]);
+// Parses it into AF_INET (version 4) or AF_INET6 (version 6, scope id 0) sockaddrs with
+// src's port = the header's source port; false unless version 0 and IP version 4 or 6.
+bool cma_hdr_parse(const uint8_t* in, sockaddr_storage* src, sockaddr_storage* dst);
 // True when the id's messages carry the header (every address family except AF_IB).
 bool uses_cma_hdr(const Id* id);
 // Sends on the id's connection. REQUIRES g().mu.

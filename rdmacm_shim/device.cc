@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -78,10 +79,88 @@ int ucma_init() {
   return g().init_err;
 }
 
-Device* device_for_ip(in_addr ip) {
-  for (Device* d : g().devs)
-    if (d->info.ipv4.s_addr == ip.s_addr) return d;
+namespace {
+constexpr uint8_t kV4Prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+bool gid_link_local(const uint8_t g[16]) { return g[0] == 0xFE && (g[1] & 0xC0) == 0x80; }
+}  // namespace
+
+bool gid_is_v4(const uint8_t gid[16]) { return std::memcmp(gid, kV4Prefix, 12) == 0; }
+
+bool sa_gid(const sockaddr* sa, uint8_t gid[16], uint32_t* scope) {
+  if (sa == nullptr) return false;
+  *scope = 0;
+  if (sa->sa_family == AF_INET) {
+    std::memcpy(gid, kV4Prefix, 12);
+    std::memcpy(gid + 12, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr, 4);
+    return true;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* s6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    std::memcpy(gid, s6->sin6_addr.s6_addr, 16);
+    if (gid_link_local(gid)) *scope = s6->sin6_scope_id;
+    return true;
+  }
+  return false;
+}
+
+int gid_index(const Device* d, const uint8_t gid[16], uint32_t scope) {
+  uint32_t n = std::min<uint32_t>(d->info.gid_count, SOFTRNIC_CM_MAX_GIDS);
+  for (uint32_t i = 0; i < n; ++i) {
+    const softrnic_cm_gid& e = d->info.gids[i];
+    if (std::memcmp(e.raw, gid, 16) != 0) continue;
+    if (gid_link_local(gid) && scope != 0 && e.scope_id != 0 && e.scope_id != scope) continue;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Device* device_for_gid(const uint8_t gid[16], uint32_t scope, int* index) {
+  for (Device* d : g().devs) {
+    int i = gid_index(d, gid, scope);
+    if (i >= 0) {
+      *index = i;
+      return d;
+    }
+  }
   return nullptr;
+}
+
+int gid_index_like(const Device* d, const uint8_t like[16], uint32_t scope) {
+  bool v4 = gid_is_v4(like), ll = !v4 && gid_link_local(like);
+  uint32_t n = std::min<uint32_t>(d->info.gid_count, SOFTRNIC_CM_MAX_GIDS);
+  for (uint32_t i = 0; i < n; ++i) {
+    const softrnic_cm_gid& e = d->info.gids[i];
+    if (gid_is_v4(e.raw) != v4) continue;
+    if (v4) {
+      if (std::memcmp(e.raw + 12, "\0\0\0\0", 4) == 0) continue;  // an IPv6 device's 0.0.0.0
+      return static_cast<int>(i);
+    }
+    if (gid_link_local(e.raw) != ll) continue;
+    if (ll && scope != 0 && e.scope_id != scope) continue;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void sa_of_raw_gid(const uint8_t gid[16], uint32_t scope, uint16_t port, bool as_v6, sockaddr_storage* out) {
+  std::memset(out, 0, sizeof *out);
+  if (gid_is_v4(gid) && !as_v6) {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(out);
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    std::memcpy(&s4->sin_addr.s_addr, gid + 12, 4);
+    return;
+  }
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(out);
+  s6->sin6_family = AF_INET6;
+  s6->sin6_port = htons(port);
+  std::memcpy(s6->sin6_addr.s6_addr, gid, 16);
+  if (gid_link_local(gid)) s6->sin6_scope_id = scope;
+}
+
+void sa_of_gid(const Device* d, int index, uint16_t port, bool as_v6, sockaddr_storage* out) {
+  const softrnic_cm_gid& e = d->info.gids[index];
+  sa_of_raw_gid(e.raw, e.scope_id, port, as_v6, out);
 }
 
 Device* device_for_ctx(ibv_context* c) {
@@ -135,6 +214,13 @@ bool sa_ipv4(const sockaddr* sa, in_addr* out) {
 bool sa_any(const sockaddr* sa) {
   in_addr a{};
   return sa_ipv4(sa, &a) && a.s_addr == 0;
+}
+
+bool sa_loopback(const sockaddr* sa) {
+  in_addr a{};
+  if (sa_ipv4(sa, &a)) return (ntohl(a.s_addr) >> 24) == 127;
+  return sa != nullptr && sa->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
 }
 
 uint32_t random24() {

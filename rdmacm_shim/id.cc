@@ -41,26 +41,19 @@ Id* id_new(Channel* ch, void* context, rdma_port_space ps, ibv_qp_type qpt) {
   return id;
 }
 
-// The device an id lands on: sets verbs, pd, port_num. REQUIRES g().mu.
-void attach_device(Id* id, Device* d) {
-  id->dev = d;
-  id->pub.verbs = d->verbs;
-  id->pub.pd = d->pd;
-  id->pub.port_num = d->info.port_num;
-  id->mtu = d->info.active_mtu;
-}
-
-// Is `ip` an address of this host (a socket can bind it)?
-bool host_owns(in_addr ip) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+// Is the address of `addr` (AF_INET / AF_INET6) one of this host's (a socket can bind it)?
+bool host_owns(const sockaddr* addr) {
+  sockaddr_storage ss{};
+  std::memcpy(&ss, addr, sa_len(addr));
+  sa_set_port(reinterpret_cast<sockaddr*>(&ss), 0);
+  int s = socket(addr->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return false;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr = ip;
-  bool ok = bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  bool ok = bind(s, reinterpret_cast<sockaddr*>(&ss), sa_len(addr)) == 0;
   close(s);
   return ok;
 }
+
+bool is_v6(const sockaddr* sa) { return sa != nullptr && sa->sa_family == AF_INET6; }
 
 // Reserves (ps, port) in this process; port 0 picks an ephemeral one. REQUIRES g().mu.
 int reserve_port(Id* id, uint16_t want) {
@@ -83,17 +76,42 @@ int reserve_port(Id* id, uint16_t want) {
   return EADDRINUSE;
 }
 
+bool loopback_gid(const uint8_t g[16]) {
+  static constexpr uint8_t kV6Loop[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return gid_is_v4(g) ? g[12] == 127 : std::memcmp(g, kV6Loop, 16) == 0;
+}
+
 // A bind to a loopback address no device has ("localhost": libfabric's verbs provider binds
 // its passive endpoints there when the program names no address, e.g. fi_pingpong's server)
-// when no softrnic device is on 127/8 (its IP is on a veth or eth0, one device per process):
-// the process's first device takes it, and the id reports that device's address, the one a
-// peer on another host can reach. With a device on 127/8, other loopback addresses stay
-// ENODEV (no device), as they are for the kernel. REQUIRES g().mu.
-Device* loopback_stand_in(in_addr ip) {
-  if ((ntohl(ip.s_addr) >> 24) != 127 || g().devs.empty()) return nullptr;
+// when no softrnic device is on loopback of that family (its IP is on a veth or eth0, one
+// device per process): the process's first device with an address of that family takes it
+// (IPv4: its address; IPv6 ::1: its first non-link-local IPv6 GID), and the id reports that
+// address, the one a peer on another host can reach. With a device on loopback, other
+// loopback addresses stay ENODEV (no device), as they are for the kernel. REQUIRES g().mu.
+Device* loopback_stand_in(const uint8_t gid[16], int* index) {
+  if (!loopback_gid(gid)) return nullptr;
+  for (Device* d : g().devs) {
+    uint32_t n = std::min<uint32_t>(d->info.gid_count, SOFTRNIC_CM_MAX_GIDS);
+    for (uint32_t i = 0; i < n; ++i)
+      if (gid_is_v4(d->info.gids[i].raw) == gid_is_v4(gid) && loopback_gid(d->info.gids[i].raw)) return nullptr;
+  }
   for (Device* d : g().devs)
-    if ((ntohl(d->info.ipv4.s_addr) >> 24) == 127) return nullptr;
-  return g().devs.front();
+    if (int i = gid_index_like(d, gid, 0); i >= 0) {
+      *index = i;
+      return d;
+    }
+  return nullptr;
+}
+
+// The device an id lands on: sets verbs, pd, port_num, the GID. REQUIRES g().mu.
+void attach_device(Id* id, Device* d, int index) {
+  id->dev = d;
+  id->sgid_index = index;
+  id->pub.verbs = d->verbs;
+  id->pub.pd = d->pd;
+  id->pub.port_num = d->info.port_num;
+  id->mtu = d->info.active_mtu;
+  std::memcpy(id->pub.route.addr.addr.ibaddr.sgid.raw, d->info.gids[index].raw, 16);
 }
 
 // rdma_bind_addr's work. REQUIRES g().mu.
@@ -102,66 +120,93 @@ int bind_locked(Id* id, const sockaddr* addr) {
   if (addr == nullptr) return EINVAL;
   if (addr->sa_family == AF_IB) return EAFNOSUPPORT;
   if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EAFNOSUPPORT;
-  in_addr ip{};
-  if (!sa_ipv4(addr, &ip)) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;  // IPv6: no device
+  uint8_t gid[16];
+  uint32_t scope = 0;
+  sa_gid(addr, gid, &scope);
   Device* d = nullptr;
-  sockaddr_in local{};  // a loopback bind taken by a device off loopback (below)
-  if (ip.s_addr != 0) {
-    d = device_for_ip(ip);
-    if (d == nullptr && (d = loopback_stand_in(ip)) != nullptr) {
-      local.sin_family = AF_INET;
-      local.sin_port = htons(sa_port(addr));
-      local.sin_addr = d->info.ipv4;
-      addr = reinterpret_cast<const sockaddr*>(&local);
-    }
-    if (d == nullptr) return host_owns(ip) ? ENODEV : EADDRNOTAVAIL;
+  int index = 0;
+  sockaddr_storage local{};  // what the id reports: the address, its scope, a stand-in's
+  std::memcpy(&local, addr, sa_len(addr));
+  if (!sa_any(addr)) {
+    d = device_for_gid(gid, scope, &index);
+    if (d == nullptr && (d = loopback_stand_in(gid, &index)) != nullptr)
+      sa_of_gid(d, index, sa_port(addr), is_v6(addr), &local);
+    if (d == nullptr) return host_owns(addr) ? ENODEV : EADDRNOTAVAIL;
+    auto* l6 = reinterpret_cast<sockaddr_in6*>(&local);
+    if (local.ss_family == AF_INET6 && l6->sin6_scope_id == 0 && IN6_IS_ADDR_LINKLOCAL(&l6->sin6_addr))
+      l6->sin6_scope_id = d->info.gids[index].scope_id;  // the interface the GID is on
   }
-  if (int rc = reserve_port(id, sa_port(addr)); rc != 0) return rc;
+  const auto* la = reinterpret_cast<const sockaddr*>(&local);
+  if (int rc = reserve_port(id, sa_port(la)); rc != 0) return rc;
   std::memset(&id->bound, 0, sizeof id->bound);
-  std::memcpy(&id->bound, addr, sa_len(addr));
+  std::memcpy(&id->bound, la, sa_len(la));
   id->bound_set = true;
+  // The kernel's default: an AF_INET id takes only IPv4, an AF_INET6 one both families
+  // (net.ipv6.bindv6only = 0) unless RDMA_OPTION_ID_AFONLY says otherwise.
+  if (!id->afonly_set) id->afonly = addr->sa_family == AF_INET ? 1 : 0;
   std::memset(&id->pub.route.addr.src_addr, 0, sizeof id->pub.route.addr.src_storage);
-  std::memcpy(&id->pub.route.addr.src_addr, addr, sa_len(addr));
+  std::memcpy(&id->pub.route.addr.src_addr, la, sa_len(la));
   sa_set_port(&id->pub.route.addr.src_addr, id->port);
-  if (d != nullptr) {
-    attach_device(id, d);
-    std::memcpy(id->pub.route.addr.addr.ibaddr.sgid.raw, d->info.gid, 16);
-  }
+  if (d != nullptr) attach_device(id, d, index);
   id->pub.route.addr.addr.ibaddr.pkey = htons(0xFFFF);
   id->state = State::kAddrBound;
   return 0;
 }
 
-// The source address the kernel would pick for `dst` (a connected UDP socket's name).
-bool route_source(in_addr dst, in_addr* src) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+// The source address the kernel would pick for `dst` (a connected UDP socket's name; an
+// IPv6 one carries the interface of a link-local source in its scope id).
+bool route_source(const sockaddr* dst, sockaddr_storage* src) {
+  int s = socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return false;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(4791);
-  sa.sin_addr = dst;
-  bool ok = connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-  socklen_t len = sizeof sa;
-  if (ok) ok = getsockname(s, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
+  sockaddr_storage sa{};
+  std::memcpy(&sa, dst, sa_len(dst));
+  sa_set_port(reinterpret_cast<sockaddr*>(&sa), 4791);
+  bool ok = connect(s, reinterpret_cast<sockaddr*>(&sa), sa_len(dst)) == 0;
+  socklen_t len = sizeof *src;
+  if (ok) ok = getsockname(s, reinterpret_cast<sockaddr*>(src), &len) == 0;
   close(s);
-  if (ok) *src = sa.sin_addr;
   return ok;
 }
 
-// Device choice for an unbound active id (cm-notes §5): the device owning the route's
-// source address; else, for a loopback or zero destination, the first device on 127/8
-// (softrnic's devices take distinct 127.0.0.x addresses); else the first device.
-Device* device_for_dst(in_addr dst, int* err) {
-  in_addr src{};
-  bool loop = (ntohl(dst.s_addr) >> 24) == 127 || dst.s_addr == 0;
+// Device choice for an unbound active id (cm-notes §5), by the destination's family: the
+// device owning the route's source address; else, for a loopback or zero destination, the
+// first device with a loopback GID of that family (softrnic's devices take distinct
+// 127.0.0.x addresses, or ::1); else the first device with a GID of that family (IPv6: a
+// link-local one on the destination's interface for a link-local destination). None:
+// ENODEV, as the kernel's when no RDMA device has the route's source address.
+Device* device_for_dst(const sockaddr* dst, int* index, int* err) {
+  uint8_t dgid[16];
+  uint32_t scope = 0;
+  sa_gid(dst, dgid, &scope);
+  bool loop = sa_loopback(dst) || sa_any(dst);
+  sockaddr_storage src{};
   if (!loop && !route_source(dst, &src)) {
     *err = ENETUNREACH;
     return nullptr;
   }
-  if (!loop)
-    if (Device* d = device_for_ip(src)) return d;
-  for (Device* d : g().devs)
-    if ((ntohl(d->info.ipv4.s_addr) >> 24) == 127 || !loop) return d;
+  if (!loop) {
+    uint8_t sgid[16];
+    uint32_t sscope = 0;
+    if (sa_gid(reinterpret_cast<sockaddr*>(&src), sgid, &sscope))
+      if (Device* d = device_for_gid(sgid, sscope, index)) return d;
+    if (scope == 0) scope = sscope;
+  }
+  for (Device* d : g().devs) {
+    int i = gid_index_like(d, dgid, scope);
+    if (i < 0) continue;
+    if (loop && !loopback_gid(d->info.gids[i].raw)) {
+      // a loopback GID of the family, if this device has one further on
+      i = -1;
+      for (uint32_t k = 0; k < std::min<uint32_t>(d->info.gid_count, SOFTRNIC_CM_MAX_GIDS); ++k)
+        if (gid_is_v4(d->info.gids[k].raw) == gid_is_v4(dgid) && loopback_gid(d->info.gids[k].raw)) {
+          i = static_cast<int>(k);
+          break;
+        }
+      if (i < 0) continue;
+    }
+    *index = i;
+    return d;
+  }
   *err = ENODEV;
   return nullptr;
 }
@@ -173,7 +218,12 @@ void fill_path(Id* id) {
   std::memcpy(p.dgid.raw, id->pub.route.addr.addr.ibaddr.dgid.raw, 16);
   uint16_t sport = sa_port(&id->pub.route.addr.src_addr);
   uint16_t dport = sa_port(&id->pub.route.addr.dst_addr);
-  p.flow_label = htonl((static_cast<uint32_t>(sport) * 31 + dport) & 0xFFFFF);
+  uint32_t fl = (static_cast<uint32_t>(sport) * 31 + dport) & 0xFFFFF;
+  if (id->pub.route.addr.dst_addr.sa_family == AF_INET6) {  // the destination's flow label wins
+    uint32_t info = ntohl(reinterpret_cast<const sockaddr_in6*>(&id->pub.route.addr.dst_addr)->sin6_flowinfo);
+    if ((info & 0xFFFFF) != 0) fl = info & 0xFFFFF;
+  }
+  p.flow_label = htonl(fl);
   p.hop_limit = 64;
   p.traffic_class = id->tos;
   p.reversible = 1;
@@ -226,8 +276,7 @@ int connect_locked(Id* id, const rdma_conn_param* p) {
   m.service_id = service_id(id->pub.ps, sa_port(&id->pub.route.addr.dst_addr));
   size_t off = 0;
   if (hdr) {
-    cma_hdr_build(*reinterpret_cast<sockaddr_in*>(&id->pub.route.addr.src_addr),
-                  *reinterpret_cast<sockaddr_in*>(&id->pub.route.addr.dst_addr), m.private_data);
+    if (!cma_hdr_build(&id->pub.route.addr.src_addr, &id->pub.route.addr.dst_addr, m.private_data)) return EINVAL;
     off = kCmaHdrSize;
   }
   if (p != nullptr && p->private_data_len > 0) std::memcpy(m.private_data + off, p->private_data, p->private_data_len);
@@ -262,10 +311,8 @@ int connect_locked(Id* id, const rdma_conn_param* p) {
     id->ini = ini;
     id->retry = m.retry_count;
   }
-  in_addr dst{};
-  sa_ipv4(&id->pub.route.addr.dst_addr, &dst);
   uint64_t conn = 0;
-  int rc = id->dev->ops->connect(id->dev->verbs, dst, &m, &conn);
+  int rc = id->dev->ops->connect(id->dev->verbs, &m, &conn);
   if (rc != 0) return rc;
   id->conn = conn;
   id->conn_dev = id->dev;
@@ -366,7 +413,7 @@ Id* id_for_request(Id* listen, Device* d) {
   Channel* ch = listen->sync ? nullptr : to_channel(listen->pub.channel);
   Id* id = id_new(ch, listen->pub.context, listen->pub.ps, listen->pub.qp_type);
   if (id == nullptr) return nullptr;
-  attach_device(id, d);
+  attach_device(id, d, 0);
   id->listen_parent = listen;
   id->tos = listen->tos;
   id->ack_timeout = listen->ack_timeout;
@@ -449,35 +496,36 @@ RDMACM_EXPORT int rdma_resolve_addr(struct rdma_cm_id* id, struct sockaddr* src_
     Id* i = to_id(id);
     {
       std::lock_guard<std::mutex> lk(g().mu);
-      in_addr dst{};
-      if (!sa_ipv4(dst_addr, &dst)) return fail(dst_addr->sa_family == AF_INET6 ? EADDRNOTAVAIL : EAFNOSUPPORT);
+      if (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6) return fail(EAFNOSUPPORT);
+      if (src_addr != nullptr && src_addr->sa_family == AF_UNSPEC) src_addr = nullptr;  // as the kernel
       if (i->state == State::kIdle) {
-        sockaddr_in any{};
-        any.sin_family = AF_INET;
+        sockaddr_storage any{};
+        any.ss_family = dst_addr->sa_family;  // the wildcard of the destination's family
         int rc = bind_locked(i, src_addr ? src_addr : reinterpret_cast<sockaddr*>(&any));
         if (rc != 0) return fail(rc);
       } else if (i->state != State::kAddrBound) {
         return fail(EINVAL);
       }
-      int err = 0;
+      // The kernel's rule: the id's family is the destination's (an AF_INET id cannot reach
+      // an IPv6 address, nor the reverse).
+      if (i->pub.route.addr.src_addr.sa_family != dst_addr->sa_family) return fail(EINVAL);
+      int err = 0, index = i->sgid_index;
       Device* d = i->dev;
-      if (d == nullptr) d = device_for_dst(dst, &err);
+      if (d == nullptr) d = device_for_dst(dst_addr, &index, &err);
       std::memset(&i->pub.route.addr.dst_addr, 0, sizeof i->pub.route.addr.dst_storage);
       std::memcpy(&i->pub.route.addr.dst_addr, dst_addr, sa_len(dst_addr));
       if (d == nullptr) {
         queue_event(i, RDMA_CM_EVENT_ADDR_ERROR, -err);
       } else {
-        attach_device(i, d);
-        auto* src = reinterpret_cast<sockaddr_in*>(&i->pub.route.addr.src_addr);
-        src->sin_family = AF_INET;
-        src->sin_addr = d->info.ipv4;
-        src->sin_port = htons(i->port);
-        if (dst.s_addr == 0) dst = d->info.ipv4;  // zero destination: ourselves
+        attach_device(i, d, index);
+        sockaddr_storage src{};
+        sa_of_gid(d, index, i->port, is_v6(dst_addr), &src);
+        std::memset(&i->pub.route.addr.src_addr, 0, sizeof i->pub.route.addr.src_storage);
+        std::memcpy(&i->pub.route.addr.src_addr, &src, sa_len(reinterpret_cast<sockaddr*>(&src)));
         auto& ib = i->pub.route.addr.addr.ibaddr;
-        std::memcpy(ib.sgid.raw, d->info.gid, 16);
-        std::memset(ib.dgid.raw, 0, 16);
-        ib.dgid.raw[10] = ib.dgid.raw[11] = 0xFF;
-        std::memcpy(ib.dgid.raw + 12, &dst.s_addr, 4);
+        uint32_t scope = 0;
+        if (sa_any(dst_addr)) std::memcpy(ib.dgid.raw, ib.sgid.raw, 16);  // zero destination: ourselves
+        else sa_gid(dst_addr, ib.dgid.raw, &scope);
         ib.pkey = htons(0xFFFF);
         i->state = State::kAddrResolved;
         queue_event(i, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
@@ -507,7 +555,7 @@ RDMACM_EXPORT int rdma_listen(struct rdma_cm_id* id, int /*backlog*/) {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
     std::lock_guard<std::mutex> lk(g().mu);
-    if (i->state == State::kIdle) {
+    if (i->state == State::kIdle) {  // the kernel binds an unbound listener to 0.0.0.0
       sockaddr_in any{};
       any.sin_family = AF_INET;
       if (int rc = bind_locked(i, reinterpret_cast<sockaddr*>(&any)); rc != 0) return fail(rc);
@@ -675,7 +723,8 @@ RDMACM_EXPORT int rdma_set_option(struct rdma_cm_id* id, int level, int optname,
           return 0;
         case RDMA_OPTION_ID_AFONLY:
           if (optlen != sizeof(int)) return fail(EINVAL);
-          i->afonly = *static_cast<int*>(optval);
+          i->afonly = *static_cast<int*>(optval) ? 1 : 0;
+          i->afonly_set = true;
           return 0;
         case RDMA_OPTION_ID_ACK_TIMEOUT:
           if (optlen != sizeof(uint8_t)) return fail(EINVAL);

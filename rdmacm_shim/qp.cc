@@ -43,7 +43,7 @@ int qp_attr_for(Id* id, ibv_qp_attr* attr, int* mask) {
       attr->min_rnr_timer = 0;
       attr->ah_attr.is_global = 1;
       std::memcpy(attr->ah_attr.grh.dgid.raw, id->path.dgid.raw, 16);
-      attr->ah_attr.grh.sgid_index = 0;
+      attr->ah_attr.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
       attr->ah_attr.grh.hop_limit = id->path.hop_limit ? id->path.hop_limit : 64;
       attr->ah_attr.grh.traffic_class = id->path.traffic_class;
       attr->ah_attr.grh.flow_label = ntohl(id->path.flow_label);

@@ -140,9 +140,15 @@ int cm_query(ibv_context* c, softrnic_cm_device_info* out) {
   Host* h = host_of(c);
   if (h == nullptr || out == nullptr) return ENODEV;
   std::memset(out, 0, sizeof *out);
-  out->ipv4.s_addr = htonl(h->dev_->ipv4());  // 0.0.0.0 on an IPv6 device (rdma_cm: IPv4 only)
-  auto g = h->dev_->query_gid(1, 0);
-  if (g.has_value()) std::memcpy(out->gid, g.value().raw.data(), 16);
+  out->ipv4.s_addr = htonl(h->dev_->ipv4());  // 0.0.0.0 on an IPv6 device
+  const auto& gids = h->dev_->gids();
+  size_t n = std::min<size_t>(gids.size(), SOFTRNIC_CM_MAX_GIDS);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(out->gids[i].raw, gids[i].raw.data(), 16);
+    out->gids[i].scope_id = gids[i].addr.ipv6 && gids[i].addr.link_local() ? gids[i].addr.scope_id : 0;
+  }
+  out->gid_count = static_cast<uint32_t>(n);
+  if (n > 0) std::memcpy(out->gid, out->gids[0].raw, 16);
   out->node_guid = to_ctx(c)->dev_->node_guid_be_;
   out->port_num = 1;
   auto p = h->dev_->query_port(1);
@@ -174,7 +180,7 @@ int cm_unlisten(ibv_context* c, uint64_t handle) {
   return pos(a->cancel_listen(handle));
 }
 
-int cm_connect(ibv_context* c, in_addr dest_ip, const softrnic_cm_msg* m, uint64_t* conn) {
+int cm_connect(ibv_context* c, const softrnic_cm_msg* m, uint64_t* conn) {
   cm::Agent* a = agent_of(c);
   if (a == nullptr) return ENOSYS;
   if (m == nullptr || conn == nullptr) return EINVAL;
@@ -199,11 +205,6 @@ int cm_connect(ibv_context* c, in_addr dest_ip, const softrnic_cm_msg* m, uint64
     cm::SidrReqParams p;
     p.service_id = m->service_id;
     p.path = path_of(m, mtu);
-    if (std::all_of(m->remote_gid, m->remote_gid + 16, [](uint8_t b) { return b == 0; })) {
-      p.path.remote_gid = {};
-      p.path.remote_gid[10] = p.path.remote_gid[11] = 0xFF;
-      std::memcpy(p.path.remote_gid.data() + 12, &dest_ip.s_addr, 4);
-    }
     p.private_data = pdata(m);
     rc = a->sidr_req(p, deliver);
   }

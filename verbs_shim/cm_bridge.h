@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define SOFTRNIC_CM_MAGIC 0x31626d632d6e7273ULL /* "srn-cmb1" */
-#define SOFTRNIC_CM_ABI 1u
+#define SOFTRNIC_CM_ABI 2u /* 2: the GID table in softrnic_cm_device_info; connect by GID */
 /* sizeof(ibv_device) + the verbs_device-like words of DeviceEntry (ops ptr, 6 pad words,
  * node GUID, index + padding): static_asserted in verbs_shim/device.cc. */
 #define SOFTRNIC_CM_TAIL_OFFSET (sizeof(struct ibv_device) + 72)
@@ -82,10 +82,22 @@ struct softrnic_cm_msg {
   uint8_t private_data[232];
 };
 
+#define SOFTRNIC_CM_MAX_GIDS 16
+
+/* One GID of the device: the address it names as 16 bytes (IPv4: ::ffff:a.b.c.d). */
+struct softrnic_cm_gid {
+  uint8_t raw[16];
+  uint32_t scope_id; /* interface index of a link-local IPv6 GID (fe80::/10), else 0 */
+};
+
 /* One device's identity for address resolution. */
 struct softrnic_cm_device_info {
-  struct in_addr ipv4;  /* the device's address (network order) */
-  uint8_t gid[16];      /* GID index 0 (::ffff:ipv4) */
+  struct in_addr ipv4;  /* the device's IPv4 address (network order); 0.0.0.0 on an IPv6 device */
+  uint8_t gid[16];      /* GID index 0: the device's own address (::ffff:ipv4, or its IPv6 address) */
+  /* The whole GID table (index = GID index; gids[0] is `gid`): on a device whose interface
+   * also has IPv6 addresses, those follow (emu/objects/device.h gid_table_for). */
+  uint32_t gid_count;
+  struct softrnic_cm_gid gids[SOFTRNIC_CM_MAX_GIDS];
   uint64_t node_guid;   /* network order */
   uint8_t port_num;     /* 1 */
   uint8_t active_mtu;   /* enum ibv_mtu */
@@ -111,10 +123,10 @@ struct softrnic_cm_ops {
   /* Listens on a service ID; EADDRINUSE if someone in this process already does. */
   int (*listen)(struct ibv_context* ctx, uint64_t service_id, uint64_t* handle);
   int (*unlisten)(struct ibv_context* ctx, uint64_t handle);
-  /* Sends a REQ or SIDR_REQ to the peer at `dest_ip` (network order) and returns the new
-   * connection's handle. */
-  int (*connect)(struct ibv_context* ctx, struct in_addr dest_ip, const struct softrnic_cm_msg* msg,
-                 uint64_t* conn);
+  /* Sends a REQ or SIDR_REQ to the peer msg->remote_gid (IPv4-mapped or IPv6), from the
+   * device's GID msg->local_gid, and returns the new connection's handle. EHOSTUNREACH: a
+   * zero remote GID. */
+  int (*connect)(struct ibv_context* ctx, const struct softrnic_cm_msg* msg, uint64_t* conn);
   /* Sends REP, RTU, REJ, MRA, DREQ, DREP, SIDR_REP (or ESTABLISHED) on a connection. */
   int (*send)(struct ibv_context* ctx, uint64_t conn, const struct softrnic_cm_msg* msg);
   /* Forgets a connection: the agent finishes it as the kernel does when an id is destroyed

@@ -174,7 +174,12 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   std::array<uint8_t, 16> local_gid() const override { return gid_; }
 
   // ---- GsiHandler (receive context) ----
-  void on_gsi_packet(const emu::GsiPacket& p) override { enqueue(p.payload, p.src); }
+  // Replies leave from the GID the MAD arrived on (src_index, wire/port.h).
+  void on_gsi_packet(const emu::GsiPacket& p) override {
+    wire::Endpoint src = p.src;
+    src.src_index = p.dst.src_index;
+    enqueue(p.payload, src);
+  }
 
   void inject_mad(std::span<const uint8_t> mad, uint32_t from_ip) override {
     enqueue(mad, wire::Endpoint::v4(from_ip, udp_port_));
@@ -233,7 +238,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     c.service_id = p.service_id;
     c.local_qpn = p.local_qpn;
     c.path = p.path;
-    c.peer = endpoint_of(p.path.remote_gid, p.path.udp_port != 0 ? p.path.udp_port : udp_port_);
+    c.peer = peer_of_locked(p.path);
     c.plt = p.path.packet_lifetime;
     c.timeout_ms = 2 * iba_ms(c.plt) + iba_ms(p.remote_cm_response_timeout);
     c.max_retries = p.max_cm_retries;
@@ -402,7 +407,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     c.sink = std::move(sink);
     c.service_id = p.service_id;
     c.path = p.path;
-    c.peer = endpoint_of(p.path.remote_gid, p.path.udp_port != 0 ? p.path.udp_port : udp_port_);
+    c.peer = peer_of_locked(p.path);
     c.tid = (uint64_t{hi_tid_} << 32) | c.id;
     mad::SidrReq r;
     r.request_id = c.id;
@@ -503,6 +508,28 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     m.len = kMadBytes;
     m.src = src;
     cv_.notify_one();
+  }
+
+  // Where an active side's MADs go: the path's remote GID, sent from the device's GID that
+  // equals the path's local GID (an IPv6 GID sends from its own socket; a link-local peer is
+  // on that GID's interface). A local GID not in the table: the first of the peer's family.
+  wire::Endpoint peer_of_locked(const Path& path) const {
+    wire::Endpoint e = endpoint_of(path.remote_gid, path.udp_port != 0 ? path.udp_port : udp_port_);
+    const auto& gids = dev_->gids();
+    for (size_t i = 0; i < gids.size(); ++i) {
+      if (gids[i].raw != path.local_gid || gids[i].addr.ipv6 != e.ipv6) continue;
+      e.src_index = static_cast<uint8_t>(i);
+      if (e.link_local()) e.scope_id = gids[i].addr.scope_id;
+      break;
+    }
+    return e;
+  }
+
+  // The device's GID a datagram arrived on (src.src_index, see on_gsi_packet); GID 0 if unknown.
+  std::array<uint8_t, 16> arrival_gid_locked(const wire::Endpoint& src) const {
+    const auto& gids = dev_->gids();
+    if (src.src_index < gids.size() && gids[src.src_index].addr.ipv6 == src.ipv6) return gids[src.src_index].raw;
+    return gid_;
   }
 
   Conn* find(uint32_t id) {
@@ -1069,7 +1096,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     c.remote_id = r.request_id;
     c.peer = from;
     c.tid = h.tid;
-    c.path.local_gid = gid_;
+    c.path.local_gid = arrival_gid_locked(src);
     c.path.remote_gid = gid_of(src);
     c.path.pkey = r.pkey;
     c.path.udp_port = udp_port_;

@@ -5,7 +5,10 @@
 // CHANGES (keep this list: the API is used by librdmacm, rdmacm/; changes are additive)
 //   v1 (12:25 UTC, issue 12) first version (header only).
 //   v2 (13:30 UTC) implemented (emu/cm/agent.cc); additive: AgentCounters::dropped_overflow.
-//   v3 (issue 16) additive: AgentOptions::comm_id_prefix and claim_service (daemon hosting).
+//   v3 (IPv6 rdma_cm) no API change: an active connection's MADs leave from the device GID
+//      equal to Path::local_gid (its socket: an IPv6 GID's own), replies from the GID the
+//      MAD arrived on; a passive SIDR's Path::local_gid is that arrival GID.
+//   v4 (issue 16) additive: AgentOptions::comm_id_prefix and claim_service (daemon hosting).
 //
 // WHAT IT DOES
 //   Active side:   send_req -> (kRepReceived -> send_rtu) | kRejReceived | kMraReceived

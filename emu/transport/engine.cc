@@ -318,7 +318,7 @@ Status Engine::send_gsi(const wire::Endpoint& dst, uint32_t dest_qpn, uint16_t p
   if (!payload.empty()) std::memcpy(buf + hl, payload.data(), payload.size());
   const auto len = static_cast<uint32_t>(wire::roce_len(hl, payload.size()));
   wire::finish_roce(buf, hl, payload.size(),
-                    wire::meta_between(port_->local(), dst, tx.ip_id_for(dst, len)));
+                    wire::meta_between(port_->local_for(dst), dst, tx.ip_id_for(dst, len)));
   tx.commit(dst, len);
   ctr_.add(Ctr::kSentPkts);
   flush(tx);

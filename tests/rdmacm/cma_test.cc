@@ -436,6 +436,130 @@ TEST_F(Cma, ListenTwiceOnOnePortIsInUse) {
   EXPECT_EQ(rdma_destroy_id(b), 0);
 }
 
+sockaddr_in6 addr6(const std::string& ip, uint16_t port) {
+  sockaddr_in6 sa{};
+  sa.sin6_family = AF_INET6;
+  sa.sin6_port = htons(port);
+  inet_pton(AF_INET6, ip.c_str(), &sa.sin6_addr);
+  return sa;
+}
+sockaddr* sa(sockaddr_in6& s) { return reinterpret_cast<sockaddr*>(&s); }
+
+// Can this host bind `ip` (IPv6 enabled, the address present)?
+bool host_has6(const std::string& ip) {
+  int s = socket(AF_INET6, SOCK_DGRAM, 0);
+  if (s < 0) return false;
+  sockaddr_in6 a = addr6(ip, 0);
+  bool ok = bind(s, sa(a), sizeof a) == 0;
+  close(s);
+  return ok;
+}
+
+// IPv6 input to a process whose only device is IPv4 on loopback (its GID table is ::ffff:ip
+// alone: a loopback interface lists no IPv6 GIDs), with the errnos and events the kernel's
+// rdma_cm gives (cma.c: cma_acquire_dev_by_src_ip -> -ENODEV, rdma_translate_ip ->
+// -EADDRNOTAVAIL, resolve_prepare_src family check -> -EINVAL).
+TEST_F(Cma, Ipv6WithoutAnIpv6DeviceFailsAsTheKernel) {
+  if (!host_has6("::1")) GTEST_SKIP() << "no IPv6 on this host (cannot bind ::1)";
+  // Async: rdma_resolve_addr succeeds, then ADDR_ERROR with status -ENODEV (no RDMA device
+  // owns the route's source address ::1).
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in6 loop6 = addr6("::1", 7471);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(loop6), 2000), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(ch_);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_STREQ(rdma_event_str(ev->event), "RDMA_CM_EVENT_ADDR_ERROR");
+  EXPECT_EQ(ev->status, -ENODEV);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(id->verbs, nullptr) << "no device was attached";
+  EXPECT_EQ(rdma_get_local_addr(id)->sa_family, AF_INET6) << "bound to the IPv6 wildcard";
+  EXPECT_EQ(rdma_resolve_route(id, 100), -1) << "no address, no route";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  // Sync: the same failure as -1 with errno ENODEV.
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, sa(loop6), 2000), -1);
+  EXPECT_EQ(errno, ENODEV);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  // UDP port space alike (udaddy's path).
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_UDP), 0);
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, sa(loop6), 2000), -1);
+  EXPECT_EQ(errno, ENODEV);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  // Bind: an IPv6 address no interface has -> EADDRNOTAVAIL; one the host has but no device
+  // -> ENODEV; a link-local address without a scope is no host address -> EADDRNOTAVAIL.
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in6 off_host = addr6("2001:db8::1", 7471);  // documentation prefix
+  EXPECT_EQ(rdma_bind_addr(id, sa(off_host)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  EXPECT_EQ(rdma_bind_addr(id, sa(loop6)), -1);
+  EXPECT_EQ(errno, ENODEV);
+  sockaddr_in6 ll = addr6("fe80::1", 7471);
+  EXPECT_EQ(rdma_bind_addr(id, sa(ll)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  // The IPv6 wildcard binds (no device); from it an IPv4 destination is the wrong family.
+  sockaddr_in6 any6 = addr6("::", 0);
+  ASSERT_EQ(rdma_bind_addr(id, sa(any6)), 0) << strerror(errno);
+  EXPECT_EQ(id->verbs, nullptr);
+  EXPECT_EQ(rdma_get_local_addr(id)->sa_family, AF_INET6);
+  EXPECT_NE(rdma_get_src_port(id), 0);
+  sockaddr_in me = addr4(my_ip(), 7471);
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, sa(me), 2000), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  // An id bound to our IPv4 address cannot resolve an IPv6 destination, nor can an IPv4
+  // source be given for one.
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in mine = addr4(my_ip(), 0);
+  ASSERT_EQ(rdma_bind_addr(id, sa(mine)), 0);
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, sa(loop6), 2000), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  ASSERT_EQ(rdma_create_id(ch_, &id, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(rdma_resolve_addr(id, sa(mine), sa(loop6), 2000), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+// rdma_getaddrinfo with IPv6 literals: "::1", the bracketed "[::1]" (an extension of ours),
+// a passive wildcard, and malformed brackets (EAI_NONAME, as an unparsable name).
+TEST_F(Cma, GetaddrinfoIpv6Literals) {
+  if (!host_has6("::1")) GTEST_SKIP() << "no IPv6 on this host (cannot bind ::1)";
+  for (const char* node : {"::1", "[::1]"}) {
+    rdma_addrinfo hints{}, *res = nullptr;
+    hints.ai_flags = RAI_NUMERICHOST;
+    ASSERT_EQ(rdma_getaddrinfo(node, "7471", &hints, &res), 0) << node;
+    EXPECT_EQ(res->ai_family, AF_INET6) << node;
+    ASSERT_NE(res->ai_dst_addr, nullptr);
+    EXPECT_EQ(res->ai_dst_len, sizeof(sockaddr_in6));
+    auto* d = reinterpret_cast<sockaddr_in6*>(res->ai_dst_addr);
+    EXPECT_EQ(d->sin6_family, AF_INET6);
+    EXPECT_TRUE(IN6_IS_ADDR_LOOPBACK(&d->sin6_addr)) << node;
+    EXPECT_EQ(ntohs(d->sin6_port), 7471);
+    EXPECT_EQ(res->ai_port_space, RDMA_PS_TCP);
+    rdma_freeaddrinfo(res);
+  }
+  rdma_addrinfo hints{}, *res = nullptr;
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_family = AF_INET6;
+  hints.ai_port_space = RDMA_PS_UDP;
+  ASSERT_EQ(rdma_getaddrinfo(nullptr, "7174", &hints, &res), 0);
+  ASSERT_NE(res->ai_src_addr, nullptr);
+  EXPECT_EQ(res->ai_dst_addr, nullptr);
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(res->ai_src_addr);
+  EXPECT_EQ(s6->sin6_family, AF_INET6);
+  EXPECT_TRUE(IN6_IS_ADDR_UNSPECIFIED(&s6->sin6_addr));
+  EXPECT_EQ(ntohs(s6->sin6_port), 7174);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_UD);
+  rdma_freeaddrinfo(res);
+  for (const char* node : {"[::1", "[]", "[::1]x"}) {
+    res = nullptr;
+    hints = {};
+    EXPECT_EQ(rdma_getaddrinfo(node, "7471", &hints, &res), EAI_NONAME) << node;
+  }
+}
+
 TEST(CmaPlain, EventStrAndUnsupported) {
   EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED");
   EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
