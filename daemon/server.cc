@@ -58,7 +58,7 @@ std::string json_str(const std::string& s) {
 std::unique_ptr<Server> Server::open(const ServerOptions& opt, std::string* err) {
   std::unique_ptr<Server> s(new Server());
   s->opt_ = opt;
-  if (s->opt_.max_clients == 0 || s->opt_.max_clients > 255) s->opt_.max_clients = 255;
+  if (s->opt_.max_clients == 0 || s->opt_.max_clients > 254) s->opt_.max_clients = 254;
   if (opt.devices.empty() || opt.devices.size() > kMaxDevices) {
     *err = "between 1 and " + std::to_string(kMaxDevices) + " devices (--ip/--interface)";
     return nullptr;

@@ -31,8 +31,12 @@ struct ServerOptions {
   std::vector<DeviceSpec> devices;
   std::string runtime_dir;  // where softrnicd.sock is made (mode 0700 dir unless `system`)
   bool system = false;      // a system service: socket mode 0666, any local user may connect
-  uint32_t max_clients = 255;  // per device (a slot is one byte of the QPN; 255 at most)
-  uint32_t max_qp = 0;         // per client, 0 = the slot's capacity
+  // Per device: a slot is the top byte of the QPN, 1..254 (0xFF would make 0xFFxxxx QPNs, and
+  // 0xFFFFFF is the multicast QPN).
+  uint32_t max_clients = 254;
+  // Per client (0 = the slot's capacity: 61440 QPs, 28672 MRs): past them create_qp/reg_mr
+  // fail with ENOMEM, as a device whose limits are reached.
+  uint32_t max_qp = 0;
   uint32_t max_mr = 0;
 };
 

@@ -56,7 +56,8 @@ std::string address_of(const std::string& ifname) {
 // Config file: "key = value" lines, '#' comments; keys are the long options without "--".
 bool read_config(const std::string& path, std::vector<std::string>* ips,
                  std::vector<std::string>* ifs, std::string* name, uint32_t* mtu,
-                 std::string* runtime_dir, uint32_t* max_clients, std::string* err) {
+                 std::string* runtime_dir, uint32_t* max_clients, uint32_t* max_qp,
+                 uint32_t* max_mr, std::string* err) {
   std::ifstream in(path);
   if (!in) {
     *err = path + ": " + std::strerror(errno);
@@ -86,6 +87,8 @@ bool read_config(const std::string& path, std::vector<std::string>* ips,
       else if (k == "mtu") *mtu = static_cast<uint32_t>(std::stoul(v));
       else if (k == "runtime-dir") *runtime_dir = v;
       else if (k == "max-clients") *max_clients = static_cast<uint32_t>(std::stoul(v));
+      else if (k == "max-qp") *max_qp = static_cast<uint32_t>(std::stoul(v));
+      else if (k == "max-mr") *max_mr = static_cast<uint32_t>(std::stoul(v));
       else {
         *err = path + ":" + std::to_string(n) + ": unknown key '" + k + "'";
         return false;
@@ -104,7 +107,7 @@ int main(int argc, char** argv) {
   CLI::App app{"softrnicd: a software RoCEv2 RNIC shared by every process of this host"};
   std::vector<std::string> ips, ifs;
   std::string name, runtime_dir, config, log_level = "warn";
-  uint32_t mtu = 0, max_clients = 255;
+  uint32_t mtu = 0, max_clients = 254, max_qp = 0, max_mr = 0;
   bool system = false, foreground = false;
   app.add_option("--ip", ips, "a device on this address (repeatable; default: the first free "
                  "loopback address from 127.0.0.2)");
@@ -113,7 +116,9 @@ int main(int argc, char** argv) {
   app.add_option("--mtu", mtu, "active MTU in bytes (default: from the interface)");
   app.add_option("--runtime-dir", runtime_dir,
                  "where softrnicd.sock lives (default: SOFTRNIC_RUNTIME_DIR's default)");
-  app.add_option("--max-clients", max_clients, "processes per device (1..255)");
+  app.add_option("--max-clients", max_clients, "processes per device (1..254)");
+  app.add_option("--max-qp", max_qp, "QPs per process (default: 61440); past it create_qp fails with ENOMEM");
+  app.add_option("--max-mr", max_mr, "MRs per process (default: 28672); past it reg_mr fails with ENOMEM");
   app.add_option("--config", config, "file of key = value lines (same keys as the options)");
   app.add_option("--log-level", log_level, "error, warn, info, debug");
   app.add_flag("--system", system, "system service: socket in /run/softrnic, open to every user");
@@ -122,7 +127,8 @@ int main(int argc, char** argv) {
 
   std::string err;
   if (!config.empty() &&
-      !read_config(config, &ips, &ifs, &name, &mtu, &runtime_dir, &max_clients, &err)) {
+      !read_config(config, &ips, &ifs, &name, &mtu, &runtime_dir, &max_clients, &max_qp, &max_mr,
+                   &err)) {
     std::fprintf(stderr, "softrnicd: %s\n", err.c_str());
     return 2;
   }
@@ -164,6 +170,8 @@ int main(int argc, char** argv) {
   so.runtime_dir = runtime_dir;
   so.system = system;
   so.max_clients = max_clients;
+  so.max_qp = max_qp;
+  so.max_mr = max_mr;
   for (size_t i = 0; i < ips.size(); ++i) {
     DeviceSpec d;
     d.ip = ips[i];

@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -98,7 +99,19 @@ ssize_t call(int sock, const void* req, size_t req_len, void* buf, size_t cap,
 
 namespace {
 
+// Only a daemon we can trust: its directory is ours or root's and nobody else may write it,
+// and the process that answers runs as us or as root (SO_PEERCRED). Anything else is refused
+// as if absent (EACCES), so another user cannot stand in for the device.
+bool trusted_dir(const std::string& path) {
+  std::string dir = path.substr(0, path.rfind('/'));
+  if (dir.empty()) dir = "/";
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return true;  // connect reports the real error
+  return (st.st_uid == geteuid() || st.st_uid == 0) && (st.st_mode & 022) == 0;
+}
+
 int connect_path(const std::string& path) {
+  if (!trusted_dir(path)) return -EACCES;
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (path.size() >= sizeof sa.sun_path) return -ENAMETOOLONG;
@@ -109,6 +122,12 @@ int connect_path(const std::string& path) {
     int e = errno;
     close(fd);
     return -e;
+  }
+  ucred cr{};
+  socklen_t l = sizeof cr;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) != 0 || (cr.uid != geteuid() && cr.uid != 0)) {
+    close(fd);
+    return -EACCES;
   }
   return fd;
 }
