@@ -31,20 +31,31 @@ int daemon_find(const Config& cfg, DaemonDevice* out) {
     close(fd);
     return EPROTO;
   }
-  // SOFTRNIC_NAME picks a device by name; unset (its default) means the daemon's first.
+  // SOFTRNIC_NAME picks a device by name, SOFTRNIC_IP by address; neither set means the
+  // daemon's first. An address the daemon does not serve is not its device: ENOENT, so auto
+  // hosting embeds a device on that address as it always has.
   const char* want = std::getenv("SOFTRNIC_NAME");
+  const bool by_name = want != nullptr && *want != 0;
   for (uint32_t i = 0; i < devs.count; ++i) {
     devs.dev[i].name[sizeof devs.dev[i].name - 1] = 0;
     devs.dev[i].ip[sizeof devs.dev[i].ip - 1] = 0;
-    if (want == nullptr || *want == 0 || cfg.name == devs.dev[i].name) {
+    if (cfg.ip && *cfg.ip != devs.dev[i].ip) continue;
+    if (!by_name || cfg.name == devs.dev[i].name) {
       out->fd = fd;
       out->info = devs.dev[i];
       out->index = i;
       return 0;
     }
   }
-  RNIC_LOG(kError, "softrnicd at %s has no device named %s", out->path.c_str(), cfg.name.c_str());
   close(fd);
+  if (cfg.ip) {
+    if (cfg.hosting == base::Hosting::kDaemon) {
+      RNIC_LOG(kError, "softrnicd at %s serves no device on %s (SOFTRNIC_IP)", out->path.c_str(),
+               cfg.ip->c_str());
+    }
+    return ENOENT;
+  }
+  RNIC_LOG(kError, "softrnicd at %s has no device named %s", out->path.c_str(), cfg.name.c_str());
   return ENODEV;
 }
 

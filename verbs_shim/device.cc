@@ -80,7 +80,11 @@ void init_device_locked() {
   std::string name = cfg.name;
   uint64_t guid = 0;
   if (cfg.hosting != base::Hosting::kEmbedded) {
-    // Daemon hosting: list softrnicd's device (its name and its one GUID).
+    // Daemon hosting: list softrnicd's device (its name and its one GUID). SOFTRNIC_IP picks
+    // it by address (a bad value is the open's to report: ignored here).
+    static constexpr std::string_view kIpVar[] = {"SOFTRNIC_IP"};
+    Config ipcfg;
+    if (base::parse_config(base::process_env(), &ipcfg, kIpVar).empty()) cfg.ip = ipcfg.ip;
     DaemonDevice dd;
     int rc = daemon_find(cfg, &dd);
     if (rc == 0) {
