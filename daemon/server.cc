@@ -194,6 +194,16 @@ bool Server::add_device(const DeviceSpec& spec, size_t index, std::string* err) 
   o.sndbuf = 1 << 20;
   int e = 0;
   d.own = wire::UdpPort::open(o, &e);
+  if (!d.own && !o.more.empty()) {
+    // An address that cannot be bound (a tentative IPv6 address still in DAD, ...): serve the
+    // primary address alone, as an embedded device does (its clients then list GID 0 only).
+    RNIC_LOG(kWarn, "softrnicd: %s: cannot bind every GID's address (%s): only %s", dc.name.c_str(),
+             std::strerror(e), spec.ip.c_str());
+    d.addrs.resize(1);
+    d.info.nfds = 1;
+    o.more.clear();
+    d.own = wire::UdpPort::open(o, &e);
+  }
   if (!d.own) {
     *err = "device " + dc.name + ": cannot bind UDP " + spec.ip + " port 4791: " + std::strerror(e);
     return false;
