@@ -141,6 +141,11 @@ RDMACM_EXPORT int rdma_create_ep(struct rdma_cm_id** id, struct rdma_addrinfo* r
                                  struct ibv_qp_init_attr* qp_init_attr) {
   return guard([&] {
     if (id == nullptr || res == nullptr) return fail(EINVAL);
+    // An XRC endpoint would fail at its first QP (rdma_create_qp_ex: EOPNOTSUPP); a passive one
+    // only when a peer connects, so both sides are refused here, at once.
+    if (res->ai_qp_type == IBV_QPT_XRC_SEND || res->ai_qp_type == IBV_QPT_XRC_RECV) {
+      return fail(EOPNOTSUPP);
+    }
     rdma_cm_id* cm = nullptr;
     if (create_id_qpt(nullptr, &cm, nullptr, static_cast<rdma_port_space>(res->ai_port_space),
                       static_cast<ibv_qp_type>(res->ai_qp_type)) != 0)

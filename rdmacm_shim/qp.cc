@@ -141,6 +141,10 @@ int create_qp_ex_locked(Id* id, ibv_qp_init_attr_ex* attr) {
     attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
   }
   if (attr->pd->context != p.verbs) return EINVAL;
+  // XRC through rdma_cm (the REQ's XRC transport type, the device's implicit XRC domain and
+  // SRQ) is not built: refused plainly rather than connected wrong. XRC itself works through
+  // verbs (ibv_xsrq_pingpong).
+  if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV) return EOPNOTSUPP;
   if (attr->qp_type != p.qp_type && !(p.qp_type == IBV_QPT_RC && attr->qp_type == IBV_QPT_UC)) {
     if (!(p.ps == RDMA_PS_IB)) return EINVAL;
   }

@@ -839,6 +839,11 @@ Result<std::shared_ptr<Qp>> Device::create_qp(const std::shared_ptr<Pd>& pd,
     return Errc::kInval;
   if (!init.srq && (c.max_recv_wr > max_wr || c.max_recv_sge > max_sge)) return Errc::kInval;
   if (c.max_send_wr == 0) c.max_send_wr = 1;
+  // As rxe (rxe_qp_init_req): a send WQE holds max_send_sge SGEs or the inline bytes, so the
+  // inline room is at least the SGE room, 16 bytes per SGE (rdma_xclient posts 16 inline bytes
+  // on a QP created with max_inline_data 0 and one SGE). Reported back in cap().
+  c.max_inline_data = std::min<uint32_t>(std::max<uint32_t>(c.max_inline_data, c.max_send_sge * 16u),
+                                         attr_.max_inline_data);
   auto qp = std::make_shared<Qp>(*this, pd, init);
   Result<uint32_t> qpn = qps_.insert_random(qp);
   if (!qpn) return qpn.error();

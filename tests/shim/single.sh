@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Conformance single: runs one unmodified program through scripts/softrnic with a timeout
 # and checks its exit status and that its output matches every --expect REGEX.
-#   single.sh [--preload] [--expect REGEX]... [--timeout S] -- PROGRAM [ARGS...]
+#   single.sh [--preload] [--expect REGEX]... [--exit N] [--timeout S] -- PROGRAM [ARGS...]
+# --exit N: the exit status the program must give (default 0).
 # Needs SOFTRNIC_SHIM_DIR (the directory holding the built libibverbs.so.1).
 set -uo pipefail
 
@@ -11,11 +12,13 @@ launch="$here/launch.sh"  # scripts/softrnic run (+ the ASan runtime in the asan
 mode=()
 expects=()
 tmo=30
+want_rc=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) mode=(--preload); shift ;;
     --expect) expects+=("$2"); shift 2 ;;
     --timeout) tmo="$2"; shift 2 ;;
+    --exit) want_rc="$2"; shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -29,7 +32,7 @@ rc=$?
 echo "== $* (exit $rc)"
 cat "$work/out"
 fail=0
-[ "$rc" -eq 0 ] || { echo "FAIL: exit $rc"; fail=1; }
+[ "$rc" -eq "$want_rc" ] || { echo "FAIL: exit $rc (want $want_rc)"; fail=1; }
 for re in "${expects[@]}"; do
   grep -Eq -- "$re" "$work/out" || { echo "FAIL: output lacks /$re/"; fail=1; }
 done
