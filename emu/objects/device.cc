@@ -418,6 +418,7 @@ void Device::set_port_state(PortState s) {
 // ---------------------------------------------------------------- PD
 
 Result<std::shared_ptr<Pd>> Device::alloc_pd() {
+  if (is_fatal()) return Errc::kIo;  // a lost device makes nothing new (as rdma-core: EIO)
   auto pd = std::make_shared<Pd>(*this, 0);
   Result<uint32_t> h = pds_.insert_next(pd);
   if (!h) return h.error();
@@ -719,6 +720,7 @@ Status Device::destroy_comp_channel(const std::shared_ptr<CompChannel>& ch) {
 
 Result<std::shared_ptr<Cq>> Device::create_cq(int cqe, std::shared_ptr<CompChannel> channel,
                                               int comp_vector) {
+  if (is_fatal()) return Errc::kIo;
   if (cqe < 1 || cqe > attr_.max_cqe) return Errc::kInval;
   if (comp_vector < 0 || comp_vector >= static_cast<int>(attr_.num_comp_vectors))
     return Errc::kInval;
@@ -812,6 +814,7 @@ Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
 
 Result<std::shared_ptr<Qp>> Device::create_qp(const std::shared_ptr<Pd>& pd,
                                               const QpInitAttr& in) {
+  if (is_fatal()) return Errc::kIo;
   if (in.qp_type == QpType::kXrcRecv) return create_xrc_tgt(in);
   if (!pd || &pd->device() != this) return Errc::kInval;
   if (in.qp_type != QpType::kRc && in.qp_type != QpType::kUc && in.qp_type != QpType::kUd &&

@@ -322,7 +322,8 @@ class Device : public std::enable_shared_from_this<Device> {
   void close();
   // The device is lost (daemon hosting: softrnicd died): every QP not in RESET or ERR enters
   // ERR (its WQEs flush with WR_FLUSH_ERR) and one DEVICE_FATAL event is queued, as a driver
-  // does when its hardware fails. Idempotent; thread-safe.
+  // does when its hardware fails; from then on alloc_pd, create_cq and create_qp fail with
+  // EIO. Idempotent; thread-safe.
   void fatal();
   bool is_fatal() const { return fatal_.load(std::memory_order_acquire); }
 
