@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,10 @@
 
 #include "emu/objects/maps.h"
 #include "emu/objects/memory.h"
+
+// glibc 2.35+: the offset of this thread's rseq area from the thread pointer (weak: older
+// libcs have none, and then no rseq area is registered by libc).
+extern "C" [[gnu::weak]] const ptrdiff_t __rseq_offset;
 
 namespace rnic::emu {
 namespace {
@@ -175,13 +180,16 @@ bool movable(const Line& l) {
 
 // Who makes a copy under a write freeze. Between the range becoming read-only and its new
 // pages being in place, the thread doing it must store nothing into the range: its next
-// store there would fault with nobody left to end the freeze. What it stores in that window
-// is known: its stack (the frames of the move, below the frame of run_move), errno (a
-// failing system call), and whatever a signal handler run on it meanwhile touches. So:
+// store there would fault with nobody left to end the freeze. What is stored for it in that
+// window is known: its stack (the frames of the move, below the frame of run_move), errno (a
+// failing system call), its thread control block, where the kernel updates the rseq area
+// when the thread is preempted (a failed update is a SIGSEGV), and whatever a signal handler
+// run on it meanwhile touches. So:
 //   - inline (the registering thread itself) when the range is away from this thread's stack
-//     (kStackBelow under the frame of run_move, kStackAbove over it) and from its errno's
-//     page; asynchronous signals are blocked for the move (the synchronous ones, SIGSEGV /
-//     SIGBUS, cannot be: a fault would then kill). No thread hand-off: most registrations.
+//     (kStackBelow under the frame of run_move, kStackAbove over it) and from the pages of its
+//     errno, thread pointer and rseq area; asynchronous signals are blocked for the move (the
+//     synchronous ones, SIGSEGV / SIGBUS, cannot be: a fault would then kill). No thread
+//     hand-off: most registrations.
 //   - otherwise (a buffer on this thread's stack, next to its TLS) on the mover, a thread of
 //     ours whose stack and TLS are its own, with every asynchronous signal blocked for good.
 // Both write nothing else in the window (results are stored after it), and warm_up resolved
@@ -248,10 +256,21 @@ void run_on_mover(const std::function<void()>& f) {
 [[gnu::noinline]] void run_move(const std::function<void()>& f, uint64_t lo, uint64_t hi) {
   const uint64_t ps = page_size();
   const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
-  const uint64_t err = reinterpret_cast<uint64_t>(&errno) & ~(ps - 1);
   const bool near_stack = lo < sp + kStackAbove && hi > sp - kStackBelow;
-  const bool near_errno = lo < err + ps && hi > err;
-  if (near_stack || near_errno || g_force_mover.load(std::memory_order_relaxed)) {
+  // errno (static TLS) lies just below the thread pointer on x86-64 and the rseq area in the
+  // thread control block above it: the pages from the lowest to the highest, one either side.
+  const auto tp = reinterpret_cast<uint64_t>(__builtin_thread_pointer());
+  uint64_t tls_lo = reinterpret_cast<uint64_t>(&errno), tls_hi = tls_lo;
+  auto widen = [&](uint64_t a) {
+    tls_lo = a < tls_lo ? a : tls_lo;
+    tls_hi = a > tls_hi ? a : tls_hi;
+  };
+  widen(tp);
+  if (&__rseq_offset != nullptr) widen(tp + static_cast<uint64_t>(__rseq_offset) + 32);
+  tls_lo = (tls_lo & ~(ps - 1)) - ps;
+  tls_hi = (tls_hi & ~(ps - 1)) + 2 * ps;
+  const bool near_tls = lo < tls_hi && hi > tls_lo;
+  if (near_stack || near_tls || g_force_mover.load(std::memory_order_relaxed)) {
     g_moves_mover.fetch_add(1, std::memory_order_relaxed);
     run_on_mover(f);
     return;

@@ -475,6 +475,40 @@ TEST(Pin, StackAndGlobalBuffers) {
   EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
 }
 
+// A buffer in this thread's static TLS, next to its thread control block (the kernel updates
+// the rseq area there when the thread is preempted): moved by the mover, and a registration
+// far from the stack and the TLS by the registering thread itself.
+thread_local uint8_t tl_buf[3 * 4096];
+
+TEST(Pin, ThreadLocalBufferGoesToTheMover) {
+  auto [dev, pd] = local_device();
+  std::memset(tl_buf, 0x61, sizeof tl_buf);
+  const auto a = reinterpret_cast<uint64_t>(tl_buf);
+  PinMoveCounts before = pin_move_counts();
+  auto mr = *dev->reg_mr(pd, a, sizeof tl_buf, a, kAccessLocalWrite);
+  const bool shadowed = mr->shadowed();
+  tl_buf[7] = 0x62;
+  uint8_t v = 0;
+  EXPECT_TRUE(dev->mem().read(mr->view().translate(a + 7), &v, 1));
+  ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
+  if (!shadowed) GTEST_SKIP() << "static TLS not in movable memory here";
+  EXPECT_EQ(v, 0x62);
+  EXPECT_EQ(tl_buf[8], 0x61);
+  PinMoveCounts after = pin_move_counts();
+  EXPECT_EQ(after.inline_moves, before.inline_moves);
+  EXPECT_GE(after.mover_moves - before.mover_moves, 2u);
+  uint8_t* far = map_pages(2, 0x63);
+  const auto f = reinterpret_cast<uint64_t>(far);
+  before = after;
+  mr = *dev->reg_mr(pd, f, 2 * kPage, f, kAccessLocalWrite);
+  ASSERT_TRUE(mr->shadowed());
+  ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
+  after = pin_move_counts();
+  EXPECT_EQ(after.inline_moves - before.inline_moves, 2u);
+  EXPECT_EQ(after.mover_moves, before.mover_moves);
+  munmap(far, 2 * kPage);
+}
+
 // fork: the child's stores into a registered buffer never reach the parent (as with pinned
 // pages, which the kernel copies for the child).
 TEST(Pin, ForkedChildGetsPrivateCopy) {
