@@ -157,11 +157,11 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
 }
 
-// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one) or a CNP (once per window
-// of data) halves the window (docs/congestion.md §3).
-void window_cut(Engine& e, Qp& qp, bool every) {
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one, not below kLossFloor) or a
+// CNP (once per window of data) halves the window (docs/congestion.md §3).
+void window_cut(Engine& e, Qp& qp, bool loss) {
   CompState& c = qp.comp_;
-  if (win_cut(c.win, qp.req_.max_psn, every)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
+  if (win_cut(c.win, qp.req_.max_psn, loss)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
 }
 
 WcStatus nak_status(uint8_t code) {

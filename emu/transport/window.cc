@@ -54,10 +54,12 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
   }
 }
 
-bool win_cut(SendWindow& w, uint32_t max_psn, bool every) {
-  if (w.recovering && !every) return false;
+bool win_cut(SendWindow& w, uint32_t max_psn, bool loss) {
+  if (w.recovering && !loss) return false;  // a CNP: one decrease per window of data
+  const uint32_t floor = loss ? std::min(kLossFloor, w.max) : 1;
+  if (w.cwnd <= floor) return false;
   w.target = w.cwnd;
-  w.ssthresh = std::max<uint32_t>(w.cwnd / 2, 1);
+  w.ssthresh = std::max(w.cwnd / 2, floor);
   w.cwnd = w.ssthresh;
   w.ai_acked = 0;
   w.fr_rounds = 0;

@@ -6,12 +6,14 @@
 
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "emu/transport/req.h"
 #include "emu/transport/window.h"
 #include "tests/emu/req_peer_fixture.h"
 #include "wire/mem_port.h"
 #include "wire/port.h"
+#include "wire/psn.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -94,6 +96,69 @@ TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   EXPECT_EQ(out.front().psn(), kSpsn + 20);
   EXPECT_EQ(ctr(Ctr::kWindowCuts), 2u);
   EXPECT_EQ(cwnd(), kMaxUnackedPsns / 4);
+}
+
+// Random loss is not congestion: every loss halves the window, but never below kLossFloor,
+// and each NAK resends from its own PSN exactly the (floored) window's worth.
+TEST_F(RecoveryTest, LossesNeverCutTheWindowBelowTheFloor) {
+  for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
+  ASSERT_EQ(sent().size(), kMaxUnackedPsns);
+  std::vector<uint32_t> seen;
+  uint32_t top = 0;  // the last PSN sent
+  for (uint32_t k = 1; k <= 7; ++k) {
+    const uint32_t lost = kSpsn + 5 * k;  // each resend from the previous NAK lost again
+    nak_seq(lost);
+    seen.push_back(cwnd());
+    auto out = sent();
+    ASSERT_FALSE(out.empty()) << "loss " << k;
+    EXPECT_EQ(out.front().psn(), lost) << "not resent from the NAK's PSN";
+    EXPECT_EQ(out.size(), cwnd()) << "loss " << k;
+    top = out.back().psn();
+  }
+  const std::vector<uint32_t> want{256, 128, 64, kLossFloor, kLossFloor, kLossFloor, kLossFloor};
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 4u);
+  EXPECT_EQ(ctr(Ctr::kRcvdSeqErr), 7u);
+  // The episode ends (everything sent before the last cut, the first 512, acknowledged); a
+  // CNP then still halves the window (SendWindowTest: down to 1).
+  for (int i = 0; i < 100 && wire::psn_diff(top, kSpsn + kMaxUnackedPsns) < 0; ++i) {
+    ack(top);
+    auto out = sent();
+    ASSERT_FALSE(out.empty());
+    top = out.back().psn();
+  }
+  ack(top);
+  ASSERT_FALSE(win().recovering);
+  const uint32_t before = cwnd();
+  cnp();
+  EXPECT_EQ(cwnd(), before / 2);
+}
+
+// One loss in a window halves it once: neither the probe that follows (its answer is late),
+// nor a CNP in the same window, nor the ACKs of the resent packets cut it again.
+TEST_F(RecoveryTest, OneLossInAWindowHalvesAtMostOnce) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  nak_seq(kSpsn + 10);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 90u);  // 510..599: the window (256) allows them all
+  EXPECT_EQ(out.front().psn(), kSpsn + 10);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  const SendWindow w = win();
+  ASSERT_NE(w.probe_deadline_ns, 0u);
+  s.eng->run_timers(w.probe_deadline_ns);  // no answer yet: the probe resends 510 alone
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 10);
+  cnp();
+  EXPECT_EQ(ctr(Ctr::kCnpRcvd), 1u);
+  ack(kSpsn + 50);
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2) << "cut again";
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 91u);
 }
 
 // The retransmit timer (IBA local ACK timeout): the oldest unacknowledged packet goes alone,
@@ -219,8 +284,15 @@ TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   EXPECT_EQ(w.cwnd, 128u);
   for (int i = 0; i < 200; ++i) win_on_progress(w, w.cwnd, 2000 + i * 600, 4);
   EXPECT_EQ(w.cwnd, 512u);  // bounded by max
-  // Never below 1.
-  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);  // a loss cuts every time
+  // A loss cuts every time, but not below the floor; a CNP goes on to 1.
+  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);
+  EXPECT_EQ(w.cwnd, kLossFloor);
+  EXPECT_FALSE(win_cut(w, 100100, true));
+  win_on_progress(w, 1, 100100, 5);  // episode over
+  for (uint32_t i = 0; i < 20; ++i) {
+    win_cut(w, 200000u + i, false);
+    win_on_progress(w, 0, 200000u + i, 6);  // each CNP's episode over, no increase
+  }
   EXPECT_EQ(w.cwnd, 1u);
   EXPECT_EQ(win_ackreq_every(w, 64), 1u);
 }
