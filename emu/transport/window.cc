@@ -19,6 +19,7 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
   w.backoff = 0;
   w.probe_backoff = 0;
   if (w.recovering && psn_diff(comp_psn, w.recover_psn) >= 0) w.recovering = false;
+  if (w.lossy && psn_diff(comp_psn, w.loss_psn) >= 0) w.lossy = false;
   if (w.rtt_pending && psn_diff(comp_psn, w.rtt_psn) > 0) {
     w.rtt_pending = false;
     const uint64_t s = now_ns > w.rtt_t0_ns ? now_ns - w.rtt_t0_ns : 1;
@@ -56,6 +57,10 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
 
 bool win_cut(SendWindow& w, uint32_t max_psn, bool loss) {
   if (w.recovering && !loss) return false;  // a CNP: one decrease per window of data
+  if (loss) {
+    w.lossy = true;
+    w.loss_psn = max_psn;
+  }
   const uint32_t floor = loss ? std::min(kLossFloor, w.max) : 1;
   if (w.cwnd <= floor) return false;
   w.target = w.cwnd;
@@ -69,6 +74,8 @@ bool win_cut(SendWindow& w, uint32_t max_psn, bool loss) {
 }
 
 void win_collapse(SendWindow& w, uint32_t max_psn) {
+  w.lossy = true;
+  w.loss_psn = max_psn;
   if (!w.recovering) {
     w.target = w.cwnd;
     w.ssthresh = std::max<uint32_t>(w.cwnd / 2, 2);

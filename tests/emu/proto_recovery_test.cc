@@ -224,6 +224,45 @@ TEST_F(RecoveryTest, ProbeResendsOnlyTheOldestBeforeTheIbaTimeout) {
   EXPECT_EQ(win().probe_backoff, 0);
 }
 
+// The resend a NAK asked for is lost: the responder (still latched on its one NAK) drops
+// everything silently, the probe resends that PSN, and its answer acknowledges exactly it.
+// The requester goes back at once to the next PSN (the responder discarded everything after
+// the lost one) instead of sending one new packet and waiting for the NAK it draws.
+TEST_F(RecoveryTest, ProbeAnsweredInALossEpisodeResendsTheRestAtOnce) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  nak_seq(kSpsn + 10);
+  ASSERT_EQ(sent().size(), 90u);  // 510..599, and 510 is lost again
+  s.eng->run_timers(win().probe_deadline_ns);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 10);
+  const uint64_t cuts = ctr(Ctr::kWindowCuts);
+  ack(kSpsn + 10);  // the probe's answer: 510 arrived, nothing after it
+  out = sent();
+  ASSERT_EQ(out.size(), 89u) << "did not go back after the probe's answer";
+  EXPECT_EQ(out.front().psn(), kSpsn + 11);
+  EXPECT_EQ(out.back().psn(), kSpsn + 99);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), cuts);  // the same loss: no second cut
+  EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 1u);  // only the NAK spent a retry
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+// Outside a loss episode (a clean link, the probe was early) the same answer is only an ACK:
+// nothing is resent.
+TEST_F(RecoveryTest, ProbeAnsweredWithoutALossResendsNothing) {
+  for (uint32_t i = 0; i < 4; ++i) write_pkts(i, 1, i * 1024);  // four 1-packet WRITEs, AckReq each
+  ASSERT_EQ(sent().size(), 4u);
+  s.eng->run_timers(win().probe_deadline_ns);
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn);  // the first one's own (late) ACK
+  EXPECT_EQ(sent().size(), 0u) << "a spurious probe made a go-back";
+  ack(kSpsn + 3);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 4u);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 1u);
+}
+
 // A CNP halves the window once; acknowledged windows grow it back towards where it was.
 TEST_F(RecoveryTest, CnpHalvesTheWindowAndItGrowsBack) {
   cnp();
