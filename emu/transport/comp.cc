@@ -516,7 +516,10 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
         w.probe_backoff = static_cast<uint8_t>(std::min<int>(w.probe_backoff + 1,
                                                              kMaxProbeBackoff));
         bump(c.ctr, e.counters(), Ctr::kRetransProbes);
-        w.probe_out = w.lossy;
+        // A probed READ/ATOMIC is answered by responses that are already the rest: no go-back.
+        const int oldest = first_active(qp);
+        w.probe_out = w.lossy && oldest >= 0 &&
+                      !(facts(qp, qp.sq().at(static_cast<uint32_t>(oldest))) & kWrRdAtomicMask);
         w.probe_psn = c.psn;
         req_probe(e, qp);
       }
