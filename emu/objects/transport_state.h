@@ -121,6 +121,10 @@ struct SendWindow {
   uint8_t fr_rounds = 0;         // increase steps since the last cut (fast recovery first)
   uint32_t recover_psn = 0;      // one multiplicative decrease per window: the next cut waits
   bool recovering = false;       // until comp psn has passed the max_psn of the last cut
+  bool lossy = false;            // a loss was seen (cut or not, at the floor) and comp psn has
+  uint32_t loss_psn = 0;         // ... not yet passed the max_psn of then
+  bool probe_out = false;        // a probe of probe_psn went out in a loss episode, unanswered
+  uint32_t probe_psn = 0;
   uint8_t backoff = 0;           // IBA timer = timeout_ns << backoff (bounded; reset on progress)
   uint8_t probe_backoff = 0;     // probe timer = pto << probe_backoff (idem)
   uint64_t iba_deadline_ns = 0;  // the IBA local ACK timer (spends retry_cnt); 0 = disarmed

@@ -146,22 +146,31 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   // episode are not new losses. Released once comp psn passes it; a loss inside the resent
   // range is recovered by the probe timer.
   if (c.retry_latched && psn_diff(c.psn, c.retry_latch_psn) >= 0) c.retry_latched = false;
+  // The answer to a probe sent in a loss episode acknowledges exactly the probed PSN: the
+  // responder did not have it, so (in order) it discarded everything sent after it too —
+  // the NAK or the resend was lost. Go back at once instead of waiting for the NAK that the
+  // next new packet would draw (one round trip). A late ACK of exactly that PSN makes this
+  // resend packets the responder has: duplicates, answered and not executed.
+  const bool probe_answered = c.win.probe_out && psn0 == c.win.probe_psn &&
+                              c.psn == psn_add(psn0, 1);
+  c.win.probe_out = false;
   const uint64_t now = wire::monotonic_ns();
   const int32_t acked = psn_diff(c.psn, psn0);
   if (is_reliable(qp.type()) && acked > 0)
     win_on_progress(c.win, static_cast<uint32_t>(acked), c.psn, now);
   // Acknowledged past what a go-back was about to resend (the loss was a delay): resume at
   // the first unacknowledged PSN instead of resending acknowledged packets.
-  if (psn_diff(c.psn, r.psn) > 0) req_retry(e, qp);
+  if (psn_diff(c.psn, r.psn) > 0 || (probe_answered && psn_diff(r.psn, c.psn) > 0))
+    req_retry(e, qp);
   comp_disarm_retrans(c);
   if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
 }
 
-// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one) or a CNP (once per window
-// of data) halves the window (docs/congestion.md §3).
-void window_cut(Engine& e, Qp& qp, bool every) {
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one, not below kLossFloor) or a
+// CNP (once per window of data) halves the window (docs/congestion.md §3).
+void window_cut(Engine& e, Qp& qp, bool loss) {
   CompState& c = qp.comp_;
-  if (win_cut(c.win, qp.req_.max_psn, every)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
+  if (win_cut(c.win, qp.req_.max_psn, loss)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
 }
 
 WcStatus nak_status(uint8_t code) {
@@ -507,6 +516,11 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
         w.probe_backoff = static_cast<uint8_t>(std::min<int>(w.probe_backoff + 1,
                                                              kMaxProbeBackoff));
         bump(c.ctr, e.counters(), Ctr::kRetransProbes);
+        // A probed READ/ATOMIC is answered by responses that are already the rest: no go-back.
+        const int oldest = first_active(qp);
+        w.probe_out = w.lossy && oldest >= 0 &&
+                      !(facts(qp, qp.sq().at(static_cast<uint32_t>(oldest))) & kWrRdAtomicMask);
+        w.probe_psn = c.psn;
         req_probe(e, qp);
       }
       run = true;

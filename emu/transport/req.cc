@@ -488,6 +488,7 @@ void req_retry(Engine& e, Qp& qp) {
   if (first_active != ~0u) r.pos = first_active;
   r.psn = c.psn;
   r.pkts_since_ackreq = 0;
+  c.win.probe_out = false;
   win_rtt_cancel(c.win);  // Karn: no RTT sample across a retransmission
 }
 

@@ -19,6 +19,7 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
   w.backoff = 0;
   w.probe_backoff = 0;
   if (w.recovering && psn_diff(comp_psn, w.recover_psn) >= 0) w.recovering = false;
+  if (w.lossy && psn_diff(comp_psn, w.loss_psn) >= 0) w.lossy = false;
   if (w.rtt_pending && psn_diff(comp_psn, w.rtt_psn) > 0) {
     w.rtt_pending = false;
     const uint64_t s = now_ns > w.rtt_t0_ns ? now_ns - w.rtt_t0_ns : 1;
@@ -54,10 +55,16 @@ void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t 
   }
 }
 
-bool win_cut(SendWindow& w, uint32_t max_psn, bool every) {
-  if (w.recovering && !every) return false;
+bool win_cut(SendWindow& w, uint32_t max_psn, bool loss) {
+  if (w.recovering && !loss) return false;  // a CNP: one decrease per window of data
+  if (loss) {
+    w.lossy = true;
+    w.loss_psn = max_psn;
+  }
+  const uint32_t floor = loss ? std::min(kLossFloor, w.max) : 1;
+  if (w.cwnd <= floor) return false;
   w.target = w.cwnd;
-  w.ssthresh = std::max<uint32_t>(w.cwnd / 2, 1);
+  w.ssthresh = std::max(w.cwnd / 2, floor);
   w.cwnd = w.ssthresh;
   w.ai_acked = 0;
   w.fr_rounds = 0;
@@ -67,6 +74,8 @@ bool win_cut(SendWindow& w, uint32_t max_psn, bool every) {
 }
 
 void win_collapse(SendWindow& w, uint32_t max_psn) {
+  w.lossy = true;
+  w.loss_psn = max_psn;
   if (!w.recovering) {
     w.target = w.cwnd;
     w.ssthresh = std::max<uint32_t>(w.cwnd / 2, 2);

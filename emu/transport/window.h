@@ -1,8 +1,8 @@
 // emu/transport/window.h: the RC requester's sending window and loss-recovery timers as pure
 // functions on SendWindow (emu/objects/transport_state.h): AIMD with slow start after a
-// timeout, one multiplicative decrease per window of data, an RTT estimate (RFC 6298 shape,
-// Karn's rule) for the probe timer, bounded exponential backoff. The algorithm and its
-// constants are described in docs/congestion.md.
+// timeout, multiplicative decrease (a CNP once per window of data, a loss not below
+// kLossFloor), an RTT estimate (RFC 6298 shape, Karn's rule) for the probe timer, bounded
+// exponential backoff. The algorithm and its constants are described in docs/congestion.md.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,9 @@ inline constexpr uint64_t kMaxProbeNs = 10'000'000;
 inline constexpr uint8_t kFastRecoveryRounds = 5;
 inline constexpr uint32_t kAiStep = 8;
 inline constexpr uint64_t kInitialProbeNs = 1'000'000;
+// A loss (NAK, lost response) halves the window down to this many PSNs and no further; CNPs
+// and the IBA timer go lower (docs/congestion.md §3).
+inline constexpr uint32_t kLossFloor = 32;
 
 // RTS: the full window (max PSNs), no RTT estimate, timers off.
 void win_reset(SendWindow& w, uint32_t max);
@@ -38,11 +41,13 @@ void win_reset(SendWindow& w, uint32_t max);
 // PSN is acknowledged.
 void win_on_progress(SendWindow& w, uint32_t acked, uint32_t comp_psn, uint64_t now_ns);
 
-// A loss (PSN-sequence NAK, lost READ/ATOMIC response; `every` = true) or congestion signal
-// (CNP; `every` = false): halve the window (at least 1). A CNP cuts at most once per window
-// of data (none while comp psn has not passed the max_psn of the last cut); every loss cuts,
-// since with an in-order responder each one costs a window of resends. True if cut.
-bool win_cut(SendWindow& w, uint32_t max_psn, bool every);
+// A loss (PSN-sequence NAK, lost READ/ATOMIC response; `loss` = true) or congestion signal
+// (CNP; `loss` = false): halve the window. A CNP cuts at most once per window of data (none
+// while comp psn has not passed the max_psn of the last cut) and may take it down to 1. Every
+// loss cuts, since with an in-order responder each one costs a window of resends, but never
+// below kLossFloor: random loss is not congestion, and below the floor the window no longer
+// covers the RTT, so goodput falls faster than the resends it saves. True if cut.
+bool win_cut(SendWindow& w, uint32_t max_psn, bool loss);
 
 // A timer expiry (IBA timeout or probe): window to 1 (the oldest packet goes alone), the
 // threshold to half the window the loss hit (once per episode). Always a cut.

@@ -6,12 +6,14 @@
 
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "emu/transport/req.h"
 #include "emu/transport/window.h"
 #include "tests/emu/req_peer_fixture.h"
 #include "wire/mem_port.h"
 #include "wire/port.h"
+#include "wire/psn.h"
 
 namespace rnic::emu::test {
 namespace {
@@ -96,6 +98,69 @@ TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   EXPECT_EQ(cwnd(), kMaxUnackedPsns / 4);
 }
 
+// Random loss is not congestion: every loss halves the window, but never below kLossFloor,
+// and each NAK resends from its own PSN exactly the (floored) window's worth.
+TEST_F(RecoveryTest, LossesNeverCutTheWindowBelowTheFloor) {
+  for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
+  ASSERT_EQ(sent().size(), kMaxUnackedPsns);
+  std::vector<uint32_t> seen;
+  uint32_t top = 0;  // the last PSN sent
+  for (uint32_t k = 1; k <= 7; ++k) {
+    const uint32_t lost = kSpsn + 5 * k;  // each resend from the previous NAK lost again
+    nak_seq(lost);
+    seen.push_back(cwnd());
+    auto out = sent();
+    ASSERT_FALSE(out.empty()) << "loss " << k;
+    EXPECT_EQ(out.front().psn(), lost) << "not resent from the NAK's PSN";
+    EXPECT_EQ(out.size(), cwnd()) << "loss " << k;
+    top = out.back().psn();
+  }
+  const std::vector<uint32_t> want{256, 128, 64, kLossFloor, kLossFloor, kLossFloor, kLossFloor};
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 4u);
+  EXPECT_EQ(ctr(Ctr::kRcvdSeqErr), 7u);
+  // The episode ends (everything sent before the last cut, the first 512, acknowledged); a
+  // CNP then still halves the window (SendWindowTest: down to 1).
+  for (int i = 0; i < 100 && wire::psn_diff(top, kSpsn + kMaxUnackedPsns) < 0; ++i) {
+    ack(top);
+    auto out = sent();
+    ASSERT_FALSE(out.empty());
+    top = out.back().psn();
+  }
+  ack(top);
+  ASSERT_FALSE(win().recovering);
+  const uint32_t before = cwnd();
+  cnp();
+  EXPECT_EQ(cwnd(), before / 2);
+}
+
+// One loss in a window halves it once: neither the probe that follows (its answer is late),
+// nor a CNP in the same window, nor the ACKs of the resent packets cut it again.
+TEST_F(RecoveryTest, OneLossInAWindowHalvesAtMostOnce) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  nak_seq(kSpsn + 10);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 90u);  // 510..599: the window (256) allows them all
+  EXPECT_EQ(out.front().psn(), kSpsn + 10);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  const SendWindow w = win();
+  ASSERT_NE(w.probe_deadline_ns, 0u);
+  s.eng->run_timers(w.probe_deadline_ns);  // no answer yet: the probe resends 510 alone
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 10);
+  cnp();
+  EXPECT_EQ(ctr(Ctr::kCnpRcvd), 1u);
+  ack(kSpsn + 50);
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2) << "cut again";
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 91u);
+}
+
 // The retransmit timer (IBA local ACK timeout): the oldest unacknowledged packet goes alone,
 // the timeout doubles per expiry up to x8, and an ACK resets it and lets the rest follow.
 TEST_F(RecoveryTest, TimeoutResendsOldestFirstWithBoundedBackoff) {
@@ -159,6 +224,45 @@ TEST_F(RecoveryTest, ProbeResendsOnlyTheOldestBeforeTheIbaTimeout) {
   EXPECT_EQ(win().probe_backoff, 0);
 }
 
+// The resend a NAK asked for is lost: the responder (still latched on its one NAK) drops
+// everything silently, the probe resends that PSN, and its answer acknowledges exactly it.
+// The requester goes back at once to the next PSN (the responder discarded everything after
+// the lost one) instead of sending one new packet and waiting for the NAK it draws.
+TEST_F(RecoveryTest, ProbeAnsweredInALossEpisodeResendsTheRestAtOnce) {
+  write_pkts(1, 100);
+  ASSERT_EQ(sent().size(), 100u);
+  nak_seq(kSpsn + 10);
+  ASSERT_EQ(sent().size(), 90u);  // 510..599, and 510 is lost again
+  s.eng->run_timers(win().probe_deadline_ns);
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 10);
+  const uint64_t cuts = ctr(Ctr::kWindowCuts);
+  ack(kSpsn + 10);  // the probe's answer: 510 arrived, nothing after it
+  out = sent();
+  ASSERT_EQ(out.size(), 89u) << "did not go back after the probe's answer";
+  EXPECT_EQ(out.front().psn(), kSpsn + 11);
+  EXPECT_EQ(out.back().psn(), kSpsn + 99);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), cuts);  // the same loss: no second cut
+  EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 1u);  // only the NAK spent a retry
+  ack(kSpsn + 99);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+// Outside a loss episode (a clean link, the probe was early) the same answer is only an ACK:
+// nothing is resent.
+TEST_F(RecoveryTest, ProbeAnsweredWithoutALossResendsNothing) {
+  for (uint32_t i = 0; i < 4; ++i) write_pkts(i, 1, i * 1024);  // four 1-packet WRITEs, AckReq each
+  ASSERT_EQ(sent().size(), 4u);
+  s.eng->run_timers(win().probe_deadline_ns);
+  ASSERT_EQ(sent().size(), 1u);
+  ack(kSpsn);  // the first one's own (late) ACK
+  EXPECT_EQ(sent().size(), 0u) << "a spurious probe made a go-back";
+  ack(kSpsn + 3);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 4u);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), 1u);
+}
+
 // A CNP halves the window once; acknowledged windows grow it back towards where it was.
 TEST_F(RecoveryTest, CnpHalvesTheWindowAndItGrowsBack) {
   cnp();
@@ -219,8 +323,15 @@ TEST(SendWindowTest, CutOncePerWindowCollapseAndRegrow) {
   EXPECT_EQ(w.cwnd, 128u);
   for (int i = 0; i < 200; ++i) win_on_progress(w, w.cwnd, 2000 + i * 600, 4);
   EXPECT_EQ(w.cwnd, 512u);  // bounded by max
-  // Never below 1.
-  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);  // a loss cuts every time
+  // A loss cuts every time, but not below the floor; a CNP goes on to 1.
+  for (int i = 0; i < 20; ++i) win_cut(w, 100000u + i, true);
+  EXPECT_EQ(w.cwnd, kLossFloor);
+  EXPECT_FALSE(win_cut(w, 100100, true));
+  win_on_progress(w, 1, 100100, 5);  // episode over
+  for (uint32_t i = 0; i < 20; ++i) {
+    win_cut(w, 200000u + i, false);
+    win_on_progress(w, 0, 200000u + i, 6);  // each CNP's episode over, no increase
+  }
   EXPECT_EQ(w.cwnd, 1u);
   EXPECT_EQ(win_ackreq_every(w, 64), 1u);
 }
