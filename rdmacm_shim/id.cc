@@ -809,7 +809,9 @@ bool mcast_mgid(const sockaddr* sa, uint8_t mgid[16]) {
 // carries what a sender needs: the AH to the MGID, QPN 0xFFFFFF, the UDP port space's Q_Key.
 int join_locked(Id* i, const sockaddr* addr, uint32_t flags, void* context) {
   if (!ud_ps(i->pub.ps)) return EINVAL;
-  if (i->dev == nullptr) return EINVAL;  // no device yet: bind or resolve first
+  // As the kernel: a device, and the address bound or resolved (not later states).
+  if (i->dev == nullptr || (i->state != State::kAddrBound && i->state != State::kAddrResolved))
+    return EINVAL;
   uint8_t mgid[16];
   if (!mcast_mgid(addr, mgid)) return EINVAL;
   for (const Id::Mcast& m : i->mcasts)

@@ -11,8 +11,10 @@
 
 #include <cstdlib>
 #include <random>
+#include <sstream>
 
 #include "tests/emu/proto_util.h"
+#include "wire/pcap.h"
 #include "wire/udp_port.h"
 
 namespace rnic::emu::test {
@@ -201,6 +203,42 @@ TEST(McastUdp, OneSendReachesEveryAttachedQpInTwoDevices) {
   EXPECT_EQ(pv.deth().qkey(), kQkey);
   EXPECT_EQ(pv.deth().src_qp(), qa->qpn());
   close(tap);
+  // tshark decodes it (if installed): the pcap frame as it was on the wire, nothing malformed.
+  if (system("command -v tshark >/dev/null 2>&1") == 0) {
+    const std::string pcap = "/tmp/softrnic_mcast_" + std::to_string(getpid()) + ".pcap";
+    {
+      auto w = wire::PcapWriter::open(pcap);
+      ASSERT_NE(w, nullptr);
+      wire::Endpoint from = *wire::Endpoint::parse(a.ip, qa->udp_sport());
+      wire::Endpoint to = *wire::Endpoint::parse(group, wire::kRoceUdpPort);
+      ASSERT_TRUE(w->write_packet(from, to, std::span<const uint8_t>(pkt, size_t(got))));
+    }
+    auto run = [](const std::string& cmd) {
+      std::string out;
+      FILE* f = popen(cmd.c_str(), "r");
+      char buf[512];
+      while (f != nullptr && fgets(buf, sizeof buf, f) != nullptr) out += buf;
+      if (f != nullptr) pclose(f);
+      return out;
+    };
+    const std::string bad =
+        run("tshark -r " + pcap + " -Y '_ws.malformed || _ws.expert.severity >= 6291456' 2>/dev/null | wc -l");
+    EXPECT_EQ(std::atoi(bad.c_str()), 0);
+    const std::string f = run("tshark -r " + pcap +
+                              " -T fields -E separator=, -e ip.dst -e udp.dstport -e infiniband.bth.opcode"
+                              " -e infiniband.bth.destqp -e infiniband.deth.q_key 2>/dev/null");
+    // ip.dst, udp.dstport, opcode 100 (UD SEND_ONLY), DestQP, Q_Key (hex widths vary by version).
+    std::vector<std::string> v;
+    std::stringstream ss(f);
+    for (std::string x; std::getline(ss, x, ',');) v.push_back(x);
+    ASSERT_EQ(v.size(), 5u) << f;
+    EXPECT_EQ(v[0], group);
+    EXPECT_EQ(v[1], "4791");
+    EXPECT_EQ(v[2], "100");
+    EXPECT_EQ(std::strtoul(v[3].c_str(), nullptr, 0), 0xFFFFFFul) << f;
+    EXPECT_EQ(std::strtoull(v[4].c_str(), nullptr, 0), kQkey) << f;
+    unlink(pcap.c_str());
+  }
 
   // After B's detaches B has left the IP group: a second send reaches C only.
   ASSERT_TRUE(b.dev->detach_mcast(qb1, g).is_ok());
