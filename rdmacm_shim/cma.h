@@ -116,6 +116,14 @@ struct Id {
   ibv_pd* ep_pd = nullptr;
   ibv_ece local_ece{}, remote_ece{};
   Id* listen_parent = nullptr;
+  // Multicast groups joined (rdma_join_multicast*), by MGID; `attached`: the id's QP is
+  // attached to it (not for a send-only join, nor when the id had no QP at join time).
+  struct Mcast {
+    uint8_t mgid[16];
+    void* context;
+    bool attached;
+  };
+  std::vector<Mcast> mcasts;
 };
 inline Id* to_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
 

@@ -1,6 +1,6 @@
 // rdma_cm ids: create/destroy, bind, address and route resolution (cm-notes §5), listen,
 // connect/accept/reject/establish/notify/disconnect, migrate, options, ports, ECE and the
-// multicast calls (EOPNOTSUPP until UD multicast exists).
+// multicast calls (join / leave over the device's UD multicast).
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -178,6 +178,19 @@ Device* device_for_dst(const sockaddr* dst, int* index, int* err) {
   uint8_t dgid[16];
   uint32_t scope = 0;
   sa_gid(dst, dgid, &scope);
+  // A multicast group has no route source (and a host without a default route has no route
+  // to it at all): the first device with a GID of its family joins it (cm-notes §5).
+  const bool mc = gid_is_v4(dgid) ? (dgid[12] & 0xF0) == 0xE0 : dgid[0] == 0xFF;
+  if (mc) {
+    for (Device* d : g().devs) {
+      const int i = gid_index_like(d, dgid, 0);
+      if (i < 0) continue;
+      *index = i;
+      return d;
+    }
+    *err = ENODEV;
+    return nullptr;
+  }
   bool loop = sa_loopback(dst) || sa_any(dst);
   sockaddr_storage src{};
   if (!loop && !route_source(dst, &src)) {
@@ -466,6 +479,13 @@ RDMACM_EXPORT int rdma_destroy_id(struct rdma_cm_id* id) {
     }
     i->listens.clear();
     release_conn(i);
+    for (const Id::Mcast& m : i->mcasts) {
+      if (!m.attached || i->pub.qp == nullptr) continue;
+      ibv_gid gid;
+      std::memcpy(gid.raw, m.mgid, 16);
+      (void)ibv_detach_mcast(i->pub.qp, &gid, 0);
+    }
+    i->mcasts.clear();
     if (i->port != 0) g().ports.erase({i->pub.ps, i->port});
     purge_events(i, nullptr);
     wait_acked(i, lk);
@@ -762,18 +782,119 @@ RDMACM_EXPORT int rdma_get_remote_ece(struct rdma_cm_id* id, struct ibv_ece* ece
   return 0;
 }
 
-// Multicast needs UD multicast in the device: until then EOPNOTSUPP (README support table).
-RDMACM_EXPORT int rdma_join_multicast(struct rdma_cm_id* id, struct sockaddr* addr, void*) {
-  if (id == nullptr || addr == nullptr) return fail(EINVAL);
-  return fail(EOPNOTSUPP);
+// ---- Multicast (UD port spaces over softrnic's UD multicast) ----
+namespace {
+
+// The MGID of a multicast sockaddr (RoCE, cm-notes): IPv4 224.0.0.0/4 (AF_INET or v4-mapped
+// AF_INET6) -> ::ffff:a.b.c.d, IPv6 ff00::/8 -> itself. False for anything else.
+bool mcast_mgid(const sockaddr* sa, uint8_t mgid[16]) {
+  in_addr v4{};
+  if (sa_ipv4(sa, &v4)) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v4.s_addr);
+    if ((b[0] & 0xF0) != 0xE0) return false;
+    static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    std::memcpy(mgid, kMapped, 12);
+    std::memcpy(mgid + 12, b, 4);
+    return true;
+  }
+  if (sa->sa_family != AF_INET6) return false;
+  const auto* a6 = reinterpret_cast<const sockaddr_in6*>(sa);
+  if (a6->sin6_addr.s6_addr[0] != 0xFF) return false;
+  std::memcpy(mgid, a6->sin6_addr.s6_addr, 16);
+  return true;
 }
 
-RDMACM_EXPORT int rdma_join_multicast_ex(struct rdma_cm_id* id, struct rdma_cm_join_mc_attr_ex* attr, void*) {
-  if (id == nullptr || attr == nullptr) return fail(EINVAL);
-  return fail(EOPNOTSUPP);
+// rdma_join_multicast(_ex)'s work (the kernel's cma_iboe_join_multicast plus librdmacm's
+// attach): the QP (if any, and unless send-only) is attached at once and the JOIN event
+// carries what a sender needs: the AH to the MGID, QPN 0xFFFFFF, the UDP port space's Q_Key.
+int join_locked(Id* i, const sockaddr* addr, uint32_t flags, void* context) {
+  if (!ud_ps(i->pub.ps)) return EINVAL;
+  // As the kernel: a device, and the address bound or resolved (not later states).
+  if (i->dev == nullptr || (i->state != State::kAddrBound && i->state != State::kAddrResolved))
+    return EINVAL;
+  uint8_t mgid[16];
+  if (!mcast_mgid(addr, mgid)) return EINVAL;
+  for (const Id::Mcast& m : i->mcasts)
+    if (std::memcmp(m.mgid, mgid, 16) == 0) return EADDRINUSE;
+  Id::Mcast m{};
+  std::memcpy(m.mgid, mgid, 16);
+  m.context = context;
+  int status = 0;
+  if (i->pub.qp != nullptr && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+    ibv_gid gid;
+    std::memcpy(gid.raw, mgid, 16);
+    status = ibv_attach_mcast(i->pub.qp, &gid, 0);
+    m.attached = status == 0;
+  }
+  if (status == 0) i->mcasts.push_back(m);
+  Event* ev = queue_event(i, status == 0 ? RDMA_CM_EVENT_MULTICAST_JOIN : RDMA_CM_EVENT_MULTICAST_ERROR,
+                          -status);
+  rdma_ud_param& u = ev->pub.param.ud;
+  u.private_data = context;
+  u.private_data_len = 0;
+  ibv_ah_attr& ah = u.ah_attr;
+  ah.is_global = 1;
+  std::memcpy(ah.grh.dgid.raw, mgid, 16);
+  ah.grh.sgid_index = static_cast<uint8_t>(i->sgid_index);
+  ah.grh.hop_limit = 1;  // the kernel's multicast record for RoCE: the local link
+  ah.grh.traffic_class = i->tos;
+  ah.port_num = i->pub.port_num;
+  u.qp_num = 0xFFFFFF;
+  u.qkey = i->pub.ps == RDMA_PS_UDP ? RDMA_UDP_QKEY : 0;
+  return 0;
+}
+
+}  // namespace
+
+RDMACM_EXPORT int rdma_join_multicast(struct rdma_cm_id* id, struct sockaddr* addr, void* context) {
+  return guard([&] {
+    if (id == nullptr || addr == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      if (int rc = join_locked(i, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context); rc != 0) return fail(rc);
+    }
+    return ucma_complete(i);
+  });
+}
+
+RDMACM_EXPORT int rdma_join_multicast_ex(struct rdma_cm_id* id, struct rdma_cm_join_mc_attr_ex* attr,
+                                         void* context) {
+  return guard([&] {
+    if (id == nullptr || attr == nullptr) return fail(EINVAL);
+    constexpr uint32_t kKnown = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+    if ((attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) == 0 || attr->addr == nullptr ||
+        (attr->comp_mask & ~kKnown) != 0)
+      return fail(EINVAL);
+    uint32_t flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+    if (attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) flags = attr->join_flags;
+    if (flags >= RDMA_MC_JOIN_FLAG_RESERVED) return fail(EINVAL);
+    Id* i = to_id(id);
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      if (int rc = join_locked(i, attr->addr, flags, context); rc != 0) return fail(rc);
+    }
+    return ucma_complete(i);
+  });
 }
 
 RDMACM_EXPORT int rdma_leave_multicast(struct rdma_cm_id* id, struct sockaddr* addr) {
-  if (id == nullptr || addr == nullptr) return fail(EINVAL);
-  return fail(EADDRNOTAVAIL);  // nothing was joined
+  return guard([&] {
+    if (id == nullptr || addr == nullptr) return fail(EINVAL);
+    Id* i = to_id(id);
+    uint8_t mgid[16];
+    if (!mcast_mgid(addr, mgid)) return fail(EADDRNOTAVAIL);
+    std::lock_guard<std::mutex> lk(g().mu);
+    for (auto it = i->mcasts.begin(); it != i->mcasts.end(); ++it) {
+      if (std::memcmp(it->mgid, mgid, 16) != 0) continue;
+      if (it->attached && i->pub.qp != nullptr) {
+        ibv_gid gid;
+        std::memcpy(gid.raw, mgid, 16);
+        (void)ibv_detach_mcast(i->pub.qp, &gid, 0);  // a QP destroyed first detached itself
+      }
+      i->mcasts.erase(it);
+      return 0;
+    }
+    return fail(EADDRNOTAVAIL);  // not joined
+  });
 }

@@ -227,8 +227,9 @@ RDMACM_EXPORT int rdma_create_qp(struct rdma_cm_id* id, struct ibv_pd* pd, struc
 RDMACM_EXPORT void rdma_destroy_qp(struct rdma_cm_id* id) {
   if (id == nullptr) return;
   std::lock_guard<std::mutex> lk(g().mu);
-  if (id->qp != nullptr) ibv_destroy_qp(id->qp);
+  if (id->qp != nullptr) ibv_destroy_qp(id->qp);  // detaches it from its groups
   id->qp = nullptr;
+  for (Id::Mcast& m : to_id(id)->mcasts) m.attached = false;
   destroy_cqs(to_id(id));
 }
 

@@ -52,12 +52,6 @@ ibv_flow* uns_create_flow(ibv_qp*, ibv_flow_attr*) { return enull<ibv_flow>(); }
 // ---------------------------------------------------------------------------------------
 // Exported verbs softrnic does not support (yet). Signatures follow <infiniband/verbs.h>.
 
-SHIM_EXPORT int ibv_attach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) {
-  return rnic::shim::fail_errno(EOPNOTSUPP);
-}
-SHIM_EXPORT int ibv_detach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) {
-  return rnic::shim::fail_errno(EOPNOTSUPP);
-}
 SHIM_EXPORT struct ibv_context* ibv_import_device(int) {
   errno = EOPNOTSUPP;
   return nullptr;

@@ -680,6 +680,31 @@ SHIM_EXPORT int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int at
   });
 }
 
+// UD multicast (emu::Device::attach_mcast): the lid is meaningless on RoCE and ignored, as
+// rxe does. EINVAL for a non-UD QP or a GID that is not multicast (ib_attach_mcast's checks).
+static int mcast_op(struct ibv_qp* qp, const union ibv_gid* gid, bool attach) {
+  if (qp == nullptr || gid == nullptr) return fail_errno(EINVAL);
+  if (inherited(qp->context)) return fail_errno(EIO);
+  return guard_int([&] {
+    Qp* q = to_qp(qp);
+    uint8_t raw[16];
+    std::memcpy(raw, gid->raw, 16);
+    emu::Device& dev = *to_ctx(qp->context)->emu_;
+    emu::Status st = attach ? dev.attach_mcast(q->emu_, raw) : dev.detach_mcast(q->emu_, raw);
+    return st.is_ok() ? 0 : err_of(st);
+  });
+}
+
+SHIM_EXPORT int ibv_attach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t lid) {
+  (void)lid;
+  return mcast_op(qp, gid, true);
+}
+
+SHIM_EXPORT int ibv_detach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t lid) {
+  (void)lid;
+  return mcast_op(qp, gid, false);
+}
+
 SHIM_EXPORT int ibv_destroy_qp(struct ibv_qp* qp) {
   if (qp == nullptr) return fail_errno(EINVAL);
   if (inherited(qp->context)) return fail_errno(EIO);

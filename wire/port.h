@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -62,6 +63,8 @@ struct Endpoint {
   // label in sin6_flowinfo); returns its length.
   socklen_t to_sockaddr(sockaddr_storage* ss, bool with_flow = false) const;
   // fe80::/10 (needs scope_id to be sent or bound).
+  // An IP multicast address: IPv4 224.0.0.0/4, IPv6 ff00::/8.
+  bool multicast() const { return ipv6 ? addr[0] == 0xff : (addr[0] & 0xf0) == 0xe0; }
   bool link_local() const { return ipv6 && addr[0] == 0xfe && (addr[1] & 0xc0) == 0x80; }
   // "127.0.0.2" / "::1".
   std::string ip_string() const;
@@ -277,6 +280,18 @@ class Port {
     return local();
   }
   virtual int wait_fd() const = 0;
+  // UD multicast (IBA 10.5): join (join = true) or leave the IP multicast group `group` (its
+  // port is ignored) on the interface of local address group.src_index, so that datagrams to
+  // group:local().port come out of recv_batch with RxDesc::dst = the group. The caller counts
+  // references: one join per group. 0 or -errno (-EOPNOTSUPP: this port has no multicast).
+  virtual int join_group(const Endpoint& group, bool join) {
+    (void)group;
+    (void)join;
+    return -EOPNOTSUPP;
+  }
+  // A second descriptor that polls readable while multicast datagrams wait, or -1. Owned by
+  // the port; watch it next to wait_fd().
+  virtual int group_wait_fd() const { return -1; }
 
   int send_batch(std::span<const TxDesc> pkts);
   int recv_batch(std::span<RxDesc> descs);

@@ -2,6 +2,8 @@
 // sendmmsg / recvmmsg data path. The data path allocates nothing.
 #include "wire/udp_port.h"
 
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/epoll.h>
@@ -22,6 +24,12 @@
 #endif
 #ifndef IPV6_FLOWINFO_SEND
 #define IPV6_FLOWINFO_SEND 33
+#endif
+#ifndef IP_MULTICAST_ALL
+#define IP_MULTICAST_ALL 49
+#endif
+#ifndef IPV6_MULTICAST_ALL
+#define IPV6_MULTICAST_ALL 29
 #endif
 #ifndef SOL_UDP
 #define SOL_UDP 17
@@ -53,6 +61,41 @@ void fill_sockaddr(const Endpoint& e, SockAddr* out, socklen_t* len) {
 uint32_t segments_of(uint32_t len, uint16_t seg) {
   if (seg == 0 || seg >= len) return 1;
   return (len + seg - 1) / seg;
+}
+
+// The index of the interface carrying local address e (e.scope_id if set), 0 if unknown.
+unsigned ifindex_of(const Endpoint& e) {
+  if (e.scope_id != 0) return e.scope_id;
+  ifaddrs* ifa = nullptr;
+  if (getifaddrs(&ifa) != 0) return 0;
+  unsigned idx = 0;
+  for (ifaddrs* i = ifa; i != nullptr && idx == 0; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_name == nullptr) continue;
+    Endpoint a;
+    const socklen_t l = i->ifa_addr->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (!a.from_sockaddr(i->ifa_addr, l) || !a.same_ip(e)) continue;
+    idx = if_nametoindex(i->ifa_name);
+  }
+  freeifaddrs(ifa);
+  // 127.0.0.2 and the like are not interface addresses but are on lo.
+  if (idx == 0 && !e.ipv6 && e.addr[0] == 127) idx = if_nametoindex("lo");
+  return idx;
+}
+
+// Multicast datagrams a socket sends leave on its own address's interface (else the kernel
+// routes 239.x by the default route, away from a 127.x device). Best effort.
+void set_multicast_if(int fd, const Endpoint& local) {
+  if (local.ipv6) {
+    static constexpr uint8_t kAny[16] = {};
+    if (std::memcmp(local.addr, kAny, 16) == 0) return;
+    const int idx = static_cast<int>(ifindex_of(local));
+    if (idx != 0) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_IF, &idx, sizeof(idx));
+    return;
+  }
+  if (local.v4_host() == 0) return;
+  ip_mreqn m{};
+  std::memcpy(&m.imr_address, local.addr, 4);
+  (void)setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &m, sizeof(m));
 }
 
 }  // namespace
@@ -140,6 +183,7 @@ int open_socket(const Endpoint& bind_ep, const UdpPortOptions& opt, bool* gso, b
   if (getsockname(fd, &got.sa, &gotlen) != 0) return fail(errno);
   if (!local->from_sockaddr(&got.sa, gotlen)) return fail(EAFNOSUPPORT);
   if (bind.ipv6 && !local->ipv6) return fail(EAFNOSUPPORT);
+  set_multicast_if(fd, *local);
   return fd;
 }
 
@@ -197,6 +241,11 @@ std::unique_ptr<UdpPort> UdpPort::open(const UdpPortOptions& opt, int* err) {
       }
     }
   }
+  p->gepfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (p->gepfd_ < 0) {
+    *err = errno;
+    return nullptr;
+  }
   const int fd = p->socks_[0].fd;
   socklen_t ilen = sizeof(int);
   (void)getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &p->rcvbuf_, &ilen);
@@ -210,6 +259,109 @@ UdpPort::~UdpPort() {
   for (size_t i = 0; i < nsocks_; ++i) ::close(socks_[i].fd);
   if (side_fd_ >= 0) ::close(side_fd_);
   if (epfd_ >= 0) ::close(epfd_);
+  for (const Group& g : groups_) ::close(g.fd);
+  if (gepfd_ >= 0) ::close(gepfd_);
+}
+
+int UdpPort::join_group(const Endpoint& group, bool join) {
+  if (!group.multicast()) return -EINVAL;
+  Endpoint g = group;
+  g.port = socks_[0].local.port;
+  std::lock_guard lk(grp_mu_);
+  size_t at = 0;
+  while (at < groups_.size() && !groups_[at].ep.same_ip(g)) ++at;
+  if (!join) {
+    if (at == groups_.size()) return -ENOENT;
+    (void)epoll_ctl(gepfd_, EPOLL_CTL_DEL, groups_[at].fd, nullptr);
+    ::close(groups_[at].fd);  // closing the socket leaves the group
+    groups_.erase(groups_.begin() + static_cast<std::ptrdiff_t>(at));
+    ngroups_.store(groups_.size(), std::memory_order_release);
+    return 0;
+  }
+  if (at != groups_.size()) return -EEXIST;
+  if (groups_.size() >= kMaxGroups) return -ENOSPC;
+  // The interface: local address src_index if of the group's family, else the first that is.
+  const Endpoint* iface = nullptr;
+  if (g.src_index < nsocks_ && socks_[g.src_index].local.ipv6 == g.ipv6) {
+    iface = &socks_[g.src_index].local;
+  } else {
+    for (size_t i = 0; i < nsocks_ && iface == nullptr; ++i) {
+      if (socks_[i].local.ipv6 == g.ipv6) iface = &socks_[i].local;
+    }
+  }
+  if (iface == nullptr) return -EINVAL;
+  const int fd = ::socket(g.ipv6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  auto fail = [&](int e) {
+    ::close(fd);
+    return -e;
+  };
+  int one = 1;
+  int zero = 0;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) return fail(errno);
+  if (g.ipv6) {
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) != 0) return fail(errno);
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_ALL, &zero, sizeof(zero));
+  } else {
+    if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) != 0) return fail(errno);
+    (void)setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one));
+    // Only the groups this socket joined (not every group any socket of the host joined).
+    (void)setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero));
+  }
+  (void)setsockopt(fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
+  if (rcvbuf_ > 0) (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_, sizeof(int));
+  sockaddr_storage ss;
+  const socklen_t sl = g.to_sockaddr(&ss);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) return fail(errno);
+  if (g.ipv6) {
+    ipv6_mreq m{};
+    std::memcpy(&m.ipv6mr_multiaddr, g.addr, 16);
+    m.ipv6mr_interface = ifindex_of(*iface);
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &m, sizeof(m)) != 0) return fail(errno);
+  } else {
+    ip_mreqn m{};
+    std::memcpy(&m.imr_multiaddr, g.addr, 4);
+    std::memcpy(&m.imr_address, iface->addr, 4);
+    if (iface->v4_host() == 0) m.imr_ifindex = 0;
+    if (setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)) != 0) return fail(errno);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(gepfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
+  Group gr;
+  gr.ep = g;
+  gr.ep.src_index = iface->src_index;
+  gr.fd = fd;
+  groups_.push_back(gr);
+  ngroups_.store(groups_.size(), std::memory_order_release);
+  return 0;
+}
+
+// The group sockets that are readable (one epoll_wait), each drained like a unicast socket.
+// A join or leave in progress holds the lock: this round skips the groups (level-triggered
+// readiness brings the engine back).
+int UdpPort::recv_groups(std::span<RxDesc> descs) {
+  std::unique_lock lk(grp_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return 0;
+  epoll_event evs[kMaxGroups];
+  const int n = epoll_wait(gepfd_, evs, static_cast<int>(kMaxGroups), 0);
+  size_t got = 0;
+  for (int i = 0; i < n && got < descs.size(); ++i) {
+    const int fd = evs[i].data.fd;
+    const Group* g = nullptr;
+    for (const Group& x : groups_) {
+      if (x.fd == fd) g = &x;
+    }
+    if (g == nullptr) continue;
+    const int r = recv_fd(fd, g->ep, descs.subspan(got));
+    if (r > 0) got += size_t(r);
+  }
+  return int(got);
 }
 
 size_t UdpPort::socket_for(const Endpoint& dst) const {
@@ -332,6 +484,8 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
   }
   if (nsocks_ == 1) {
     int r = recv_socket(0, descs);
+    if (r >= 0 && ngroups_.load(std::memory_order_relaxed) != 0 && size_t(r) < descs.size())
+      r += recv_groups(descs.subspan(size_t(r)));
     return r < 0 ? (total > 0 ? int(total) : r) : int(total) + r;
   }
   // Every socket in turn, starting one further each call so none starves.
@@ -343,6 +497,8 @@ int UdpPort::recv_impl(std::span<RxDesc> descs) {
     if (r < 0) return total + got > 0 ? int(total + got) : r;
     got += size_t(r);
   }
+  if (ngroups_.load(std::memory_order_relaxed) != 0 && got < descs.size())
+    got += size_t(recv_groups(descs.subspan(got)));
   return int(total + got);
 }
 
@@ -392,9 +548,8 @@ int UdpPort::recv_side(std::span<RxDesc> descs) {
   return int(n);
 }
 
-int UdpPort::recv_socket(size_t k, std::span<RxDesc> descs) {
+int UdpPort::recv_fd(int fd, const Endpoint& local, std::span<RxDesc> descs) {
   RxScratch& s = *rx_;
-  const int fd = socks_[k].fd;
   size_t total = 0;
   while (total < descs.size()) {
     const size_t n = std::min<size_t>(kBatch, descs.size() - total);
@@ -429,7 +584,7 @@ int UdpPort::recv_socket(size_t k, std::span<RxDesc> descs) {
       d.hop_limit = 0;
       d.flow_label = 0;
       d.src.from_sockaddr(&s.names[i].sa, m.msg_namelen);
-      d.dst = socks_[k].local;
+      d.dst = local;
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
           in_pktinfo pi;

@@ -4,7 +4,9 @@
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "wire/port.h"
@@ -85,6 +87,15 @@ class UdpPort final : public Port {
   // The socket itself (one address), else an epoll set of all of them (readable while
   // datagrams wait on any).
   int wait_fd() const override { return epfd_ < 0 ? socks_[0].fd : epfd_; }
+  // One socket per group, bound to group:port with SO_REUSEADDR (every device and process on
+  // the host that joined gets its own copy) and joined on the interface of local address
+  // group.src_index (IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP). Errors: EINVAL (not a multicast
+  // address, or no local address of its family), EEXIST / ENOENT (already / not joined),
+  // ENOSPC past kMaxGroups, or the socket's errno. Thread-safe against recv_batch.
+  int join_group(const Endpoint& group, bool join) override;
+  int group_wait_fd() const override { return gepfd_; }
+  size_t groups() const { return ngroups_.load(std::memory_order_relaxed); }
+  static constexpr size_t kMaxGroups = 64;
 
   bool gso_supported() const { return gso_; }
   bool gro_enabled() const { return gro_; }
@@ -110,7 +121,11 @@ class UdpPort final : public Port {
   UdpPort() = default;
   int send_chunk(int fd, std::span<const TxDesc> pkts);
   int send_one_split(int fd, const TxDesc& d);
-  int recv_socket(size_t k, std::span<RxDesc> descs);
+  int recv_socket(size_t k, std::span<RxDesc> descs) {
+    return recv_fd(socks_[k].fd, socks_[k].local, descs);
+  }
+  int recv_fd(int fd, const Endpoint& local, std::span<RxDesc> descs);
+  int recv_groups(std::span<RxDesc> descs);
   int recv_side(std::span<RxDesc> descs);
   // The socket a datagram to dst leaves from: dst.src_index if it names one of dst's family,
   // else the first socket of that family.
@@ -123,6 +138,16 @@ class UdpPort final : public Port {
   Sock socks_[kMaxSockets];
   size_t nsocks_ = 0;
   int epfd_ = -1;
+  // Multicast groups (join_group): changed under grp_mu_, read by the single consumer under
+  // a try-lock only while ngroups_ != 0, so the unicast receive path costs one load.
+  struct Group {
+    Endpoint ep;   // the group address with the port's UDP port
+    int fd = -1;
+  };
+  std::mutex grp_mu_;
+  std::vector<Group> groups_;
+  std::atomic<size_t> ngroups_{0};
+  int gepfd_ = -1;  // epoll set of the group sockets
   int side_fd_ = -1;
   size_t rx_next_ = 0;  // receive round-robin start (single consumer)
   bool gso_ = false;

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -443,11 +444,12 @@ Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
   static constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
   const bool v4 = std::memcmp(a.grh.dgid, kMappedPrefix, 12) == 0;
   // RoCEv2 carries the GRH as an IP header of the DGID's family, from the SGID's address:
-  // both must be of one family (the kernel's rdma_addr resolution refuses a mix too). A
-  // multicast or unspecified IPv6 DGID has no unicast peer (no multicast support).
+  // both must be of one family (the kernel's rdma_addr resolution refuses a mix too). An
+  // unspecified IPv6 DGID names no peer; a multicast one (ff00::/8, or ::ffff:224.0.0.0/4)
+  // is a UD multicast destination (the IP group).
   if (v4 == sgid->addr.ipv6) return Errc::kInval;
   static constexpr uint8_t kZero[16] = {};
-  if (!v4 && (a.grh.dgid[0] == 0xFF || std::memcmp(a.grh.dgid, kZero, 16) == 0)) return Errc::kInval;
+  if (!v4 && std::memcmp(a.grh.dgid, kZero, 16) == 0) return Errc::kInval;
   Av av;
   std::memcpy(av.dgid, a.grh.dgid, 16);
   // Any 32-bit flow label is accepted and its low 20 bits used, as the kernel does (UCX
@@ -462,8 +464,9 @@ Result<Av> resolve_ah_attr(const Device& dev, const AhAttr& a) {
   if (v4) {
     av.dest_ipv4 = (uint32_t{a.grh.dgid[12]} << 24) | (uint32_t{a.grh.dgid[13]} << 16) |
                    (uint32_t{a.grh.dgid[14]} << 8) | a.grh.dgid[15];
-  } else if (a.grh.dgid[0] == 0xfe && (a.grh.dgid[1] & 0xc0) == 0x80) {
-    av.scope_id = sgid->addr.scope_id;  // a link-local peer is on the SGID's interface
+  } else if ((a.grh.dgid[0] == 0xfe && (a.grh.dgid[1] & 0xc0) == 0x80) || a.grh.dgid[0] == 0xff) {
+    // A link-local peer (or a multicast group) is reached on the SGID's interface.
+    av.scope_id = sgid->addr.scope_id;
   }
   return av;
 }
@@ -915,12 +918,109 @@ Status Device::destroy_qp(const std::shared_ptr<Qp>& qp) {
     qps_.erase(qp->qpn());
     if (TransportHooks* h = hooks()) h->on_destroy(*qp);
   }
+  if (qp->type() == QpType::kUd) detach_all_mcast(qp->qpn());  // as rxe on destroy
   if (qp->pd_) qp->pd_->drop_user();
   if (qp->send_cq_) qp->send_cq_->users_.fetch_sub(1);
   if (qp->recv_cq_) qp->recv_cq_->users_.fetch_sub(1);
   if (qp->srq_) qp->srq_->users_.fetch_sub(1);
   if (qp->xrcd_) qp->xrcd_->drop_user();
   return Status::ok();
+}
+
+// ---------------------------------------------------------------- multicast
+
+bool Device::is_mcast_gid(const uint8_t (&gid)[16]) {
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+  if (gid[0] == 0xFF) return true;
+  return std::memcmp(gid, kMapped, 12) == 0 && (gid[12] & 0xF0) == 0xE0;
+}
+
+Status Device::attach_mcast(const std::shared_ptr<Qp>& qp, const uint8_t (&gid)[16]) {
+  if (!qp || qp->dev_ != this || qp->type() != QpType::kUd || !is_mcast_gid(gid))
+    return Errc::kInval;
+  std::lock_guard lk(mcast_mu_);
+  McastGroup* g = nullptr;
+  for (McastGroup& x : mcast_) {
+    if (std::memcmp(x.mgid.data(), gid, 16) == 0) g = &x;
+  }
+  if (g != nullptr) {
+    for (uint32_t q : g->qpns) {
+      if (q == qp->qpn()) return Status::ok();
+    }
+    if (g->qpns.size() >= kMaxMcastQpAttach) return Errc::kNoMem;
+    g->qpns.push_back(qp->qpn());
+    return Status::ok();
+  }
+  if (mcast_.size() >= kMaxMcastGrp) return Errc::kNoMem;
+  if (TransportHooks* h = hooks()) {
+    // The interface: the GID of the QP's family the first one listed (index 0 for IPv4).
+    uint8_t sgid = 0;
+    const bool v6 = gid[0] == 0xFF;
+    for (size_t i = 0; i < gids_.size(); ++i) {
+      if (gids_[i].addr.ipv6 == v6) {
+        sgid = static_cast<uint8_t>(i);
+        break;
+      }
+    }
+    if (int e = h->on_mcast_group(gid, sgid, true); e != 0) return static_cast<Errc>(e);
+  }
+  McastGroup ng;
+  std::memcpy(ng.mgid.data(), gid, 16);
+  ng.qpns.push_back(qp->qpn());
+  mcast_.push_back(std::move(ng));
+  return Status::ok();
+}
+
+Status Device::detach_mcast(const std::shared_ptr<Qp>& qp, const uint8_t (&gid)[16]) {
+  if (!qp || qp->dev_ != this || qp->type() != QpType::kUd || !is_mcast_gid(gid))
+    return Errc::kInval;
+  std::lock_guard lk(mcast_mu_);
+  for (size_t i = 0; i < mcast_.size(); ++i) {
+    McastGroup& g = mcast_[i];
+    if (std::memcmp(g.mgid.data(), gid, 16) != 0) continue;
+    auto it = std::find(g.qpns.begin(), g.qpns.end(), qp->qpn());
+    if (it == g.qpns.end()) return Errc::kInval;
+    g.qpns.erase(it);
+    if (g.qpns.empty()) {
+      if (TransportHooks* h = hooks()) (void)h->on_mcast_group(gid, 0, false);
+      mcast_.erase(mcast_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return Status::ok();
+  }
+  return Errc::kInval;
+}
+
+void Device::detach_all_mcast(uint32_t qpn) {
+  std::lock_guard lk(mcast_mu_);
+  for (size_t i = 0; i < mcast_.size();) {
+    McastGroup& g = mcast_[i];
+    auto it = std::find(g.qpns.begin(), g.qpns.end(), qpn);
+    if (it != g.qpns.end()) g.qpns.erase(it);
+    if (g.qpns.empty()) {
+      uint8_t mgid[16];
+      std::memcpy(mgid, g.mgid.data(), 16);
+      if (TransportHooks* h = hooks()) (void)h->on_mcast_group(mgid, 0, false);
+      mcast_.erase(mcast_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+}
+
+size_t Device::mcast_members(const uint8_t (&gid)[16], uint32_t* out, size_t n) const {
+  std::lock_guard lk(mcast_mu_);
+  for (const McastGroup& g : mcast_) {
+    if (std::memcmp(g.mgid.data(), gid, 16) != 0) continue;
+    const size_t k = std::min(n, g.qpns.size());
+    std::copy_n(g.qpns.begin(), k, out);
+    return k;
+  }
+  return 0;
+}
+
+size_t Device::mcast_groups() const {
+  std::lock_guard lk(mcast_mu_);
+  return mcast_.size();
 }
 
 }  // namespace rnic::emu

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -300,6 +301,22 @@ class Device : public std::enable_shared_from_this<Device> {
   // Removes qp from the QPN table, calls hooks->on_destroy, detaches from CQs/SRQ/PD.
   Status destroy_qp(const std::shared_ptr<Qp>& qp);
 
+  // ---- UD multicast (ibv_attach_mcast / ibv_detach_mcast) ----
+  // A multicast GID: IPv6 ff00::/8, or IPv4-mapped ::ffff:224.0.0.0/4 (RoCEv2).
+  static bool is_mcast_gid(const uint8_t (&gid)[16]);
+  // As rdma-core over rxe: EINVAL for a QP that is not UD (or not of this device) or a GID
+  // that is not multicast; ENOMEM past max_mcast_grp groups or max_mcast_qp_attach QPs in
+  // one group; attaching an attached QP again succeeds and changes nothing. The first attach
+  // to a group joins the IP group (TransportHooks::on_mcast_group, its errno returned).
+  Status attach_mcast(const std::shared_ptr<Qp>& qp, const uint8_t (&gid)[16]);
+  // EINVAL as attach, and for a QP not attached to gid. The last detach leaves the IP group.
+  Status detach_mcast(const std::shared_ptr<Qp>& qp, const uint8_t (&gid)[16]);
+  // The QPNs attached to gid into out (at most n), their count (ingress of a multicast
+  // datagram; one short lock).
+  size_t mcast_members(const uint8_t (&gid)[16], uint32_t* out, size_t n) const;
+  // Groups with at least one QP (tests, counters).
+  size_t mcast_groups() const;
+
   // ---- lookups (hot path, any thread) ----
   std::shared_ptr<Qp> find_qp(uint32_t qpn) const { return qps_.find(qpn); }
   KeyTable& keys() { return keys_; }
@@ -365,6 +382,14 @@ class Device : public std::enable_shared_from_this<Device> {
   std::mutex chan_mu_;
   std::vector<std::shared_ptr<CompChannel>> channels_;
   std::shared_ptr<Engine> engine_;
+  // Multicast groups: MGID -> attached QPNs (each list at most kMaxMcastQpAttach).
+  struct McastGroup {
+    std::array<uint8_t, 16> mgid{};
+    std::vector<uint32_t> qpns;
+  };
+  mutable std::mutex mcast_mu_;
+  std::vector<McastGroup> mcast_;
+  void detach_all_mcast(uint32_t qpn);  // destroy_qp
   bool closed_ = false;
 };
 

@@ -42,6 +42,16 @@ class TransportHooks {
   // cq.moderation_tick(now) once it has passed. Called from Cq::push with no Cq lock held
   // (QP locks may be). Without an implementation the period cannot be timed and Cq raises
   // the event at once instead (see Cq::set_moderation).
+  // The device's first attach of a QP to multicast group `mgid` (join = true), or its last
+  // detach (join = false): the transport joins / leaves the IP group it maps to. Called with
+  // the device's multicast lock held and no QP lock. Returns 0 or a positive errno (the
+  // attach then fails with it). Without an implementation the table alone changes.
+  virtual int on_mcast_group(const uint8_t (&mgid)[16], uint8_t sgid_index, bool join) {
+    (void)mgid;
+    (void)sgid_index;
+    (void)join;
+    return 0;
+  }
   virtual bool on_cq_deadline(Cq& cq, uint64_t deadline_ns) {
     (void)cq;
     (void)deadline_ns;

@@ -145,7 +145,8 @@ Status Engine::init() {
     ev.data.fd = fd;
     return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
   };
-  if (!add(port_->wait_fd()) || !add(timer_fd_) || !add(event_fd_) || !add(defer_fd_))
+  if (!add(port_->wait_fd()) || !add(port_->group_wait_fd()) || !add(timer_fd_) ||
+      !add(event_fd_) || !add(defer_fd_))
     return static_cast<Errc>(errno);
   rx_mem_.reset(new uint8_t[static_cast<size_t>(kRxBatch) * kRxBufBytes]);
   for (int i = 0; i < kRxBatch; ++i) {
@@ -276,6 +277,26 @@ void Engine::watch_rx(bool on) {
   ev.events = on ? static_cast<uint32_t>(EPOLLIN) : 0u;
   ev.data.fd = port_->wait_fd();
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, port_->wait_fd(), &ev);
+  if (const int g = port_->group_wait_fd(); g >= 0) {
+    ev.data.fd = g;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, g, &ev);
+  }
+}
+
+int Engine::on_mcast_group(const uint8_t (&mgid)[16], uint8_t sgid_index, bool join) {
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+  wire::Endpoint g;
+  if (std::memcmp(mgid, kMapped, 12) == 0) {
+    std::memcpy(g.addr, mgid + 12, 4);
+  } else {
+    g.ipv6 = true;
+    std::memcpy(g.addr, mgid, 16);
+  }
+  g.port = cfg_.udp_port;
+  g.src_index = sgid_index;
+  const int r = port_->join_group(g, join);
+  if (r == -EEXIST || (!join && r == -ENOENT)) return 0;
+  return r < 0 ? -r : 0;
 }
 
 void Engine::arm_defer(uint64_t deadline_ns) {

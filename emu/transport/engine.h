@@ -223,6 +223,8 @@ class Engine final : public TransportHooks {
   void on_poll_empty(Cq& cq) override;
   // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
   bool on_cq_deadline(Cq& cq, uint64_t deadline_ns) override;
+  // Joins / leaves the IP group of a multicast GID on the port (wire::Port::join_group).
+  int on_mcast_group(const uint8_t (&mgid)[16], uint8_t sgid_index, bool join) override;
 
   // ---- used by req/comp/resp/recv (same library) ----
   // Ask for a timer wake-up at deadline_ns (no-op if an earlier one is armed).

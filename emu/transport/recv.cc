@@ -342,6 +342,40 @@ void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Pack
   if (a == AddrCheck::kOkUnlatched && qp.comp_.psn != acked_before) latch_src(qp, d);
 }
 
+// A datagram to the multicast QPN (IBA 10.5.2): one copy to every UD QP of this device
+// attached to the group it was sent to (the MGID of its IP destination), each with that
+// QP's own type, state, P_Key and Q_Key checks. Only a multicast IP destination counts.
+void deliver_mcast(Engine& e, const wire::RxDesc& d, const wire::PacketView& p) {
+  Counters& dc = e.counters();
+  const auto bth = p.bth();
+  if (!d.dst.multicast() || !p.has(wire::kReqMask)) {
+    dc.add(Ctr::kDropUnknownQpn);
+    RNIC_PKT_LOG("drop", "multicast QPN on a unicast datagram", Ctr::kDropUnknownQpn, d.src,
+                 bth.dest_qp(), p.opcode, bth.psn());
+    return;
+  }
+  uint8_t mgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+  if (d.dst.ipv6) {
+    std::memcpy(mgid, d.dst.addr, 16);
+  } else {
+    std::memcpy(mgid + 12, d.dst.addr, 4);
+  }
+  uint32_t qpns[kMaxMcastQpAttach];
+  const size_t n = e.device().mcast_members(mgid, qpns, kMaxMcastQpAttach);
+  if (n == 0) {
+    dc.add(Ctr::kDropUnknownQpn);
+    RNIC_PKT_LOG("drop", "no QP attached to the multicast group", Ctr::kDropUnknownQpn, d.src,
+                 bth.dest_qp(), p.opcode, bth.psn());
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::shared_ptr<Qp> qp = e.device().find_qp(qpns[i]);
+    if (!qp || qp->type() != QpType::kUd) continue;
+    if (!qp_accepts(e, *qp, d, p, true)) continue;
+    deliver_request(e, *qp, d, p);
+  }
+}
+
 }  // namespace
 
 // Ingress in the order of docs/checks.md §2.1; each step counts and logs what it drops.
@@ -361,6 +395,10 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   }
   if (p.bth().dest_qp() == kGsiQpn) {
     deliver_gsi(e, d, p);
+    return;
+  }
+  if (p.bth().dest_qp() == wire::kPsnMask) {
+    deliver_mcast(e, d, p);
     return;
   }
   std::shared_ptr<Qp> qp = find_dest_qp(e, d, p);

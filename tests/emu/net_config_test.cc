@@ -70,7 +70,8 @@ TEST(GidTable, DeviceOnIpv6LoopbackHasOneIpv6Gid) {
   EXPECT_EQ((*d)->query_gid(1, 1).error(), Errc::kInval);
 }
 
-// An AH must pair an SGID and a DGID of one family; an IPv6 DGID must be unicast.
+// An AH must pair an SGID and a DGID of one family; an IPv6 DGID must not be unspecified (a
+// multicast one is a UD multicast destination).
 TEST(GidTable, AhFamiliesMustMatch) {
   DeviceConfig cfg;
   cfg.ip = "::1";
@@ -90,7 +91,11 @@ TEST(GidTable, AhFamiliesMustMatch) {
   EXPECT_FALSE((*ah)->av().ipv4);
   EXPECT_EQ((*ah)->av().flow_label, 0xfffffu);
   EXPECT_EQ(d->create_ah(pd, ah_to("127.0.0.5")).error(), Errc::kInval);  // IPv4 DGID, IPv6 SGID
-  a.grh.dgid[0] = 0xff;  // multicast
+  a.grh.dgid[0] = 0xff;  // multicast (ff00::5): accepted, for UD multicast sends
+  auto mah = d->create_ah(pd, a);
+  ASSERT_TRUE(mah.has_value());
+  EXPECT_FALSE((*mah)->av().ipv4);
+  std::memset(a.grh.dgid, 0, 16);  // unspecified: no peer
   EXPECT_EQ(d->create_ah(pd, a).error(), Errc::kInval);
 }
 

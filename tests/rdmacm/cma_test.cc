@@ -316,6 +316,97 @@ TEST_F(Cma, UdQpIsReadyAtCreate) {
   EXPECT_EQ(rdma_destroy_id(id), 0);
 }
 
+// rdma_join_multicast(_ex) / rdma_leave_multicast on a UDP id with a QP: the JOIN event's
+// ud param as the kernel's (AH to the MGID, QPN 0xFFFFFF, RDMA_UDP_QKEY), the QP attached
+// (a second attach is then a no-op, a detach succeeds), and the errors.
+TEST_F(Cma, JoinAndLeaveMulticast) {
+  // The kernel joins only in ADDR_BOUND / ADDR_RESOLVED (mckey resolves no route).
+  auto addr_resolved = [&](rdma_port_space ps, uint16_t port) -> rdma_cm_id* {
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(ch_, &id, this, ps) != 0) return nullptr;
+    sockaddr_in d = addr4(my_ip(), port);
+    if (rdma_resolve_addr(id, nullptr, sa(d), 2000) != 0) return nullptr;
+    rdma_cm_event* ev = next_event(ch_);
+    if (ev == nullptr || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) return nullptr;
+    rdma_ack_cm_event(ev);
+    return id;
+  };
+  rdma_cm_id* id = addr_resolved(RDMA_PS_UDP, 7175);
+  ASSERT_NE(id, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.qp_type = IBV_QPT_UD;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0) << strerror(errno);
+  sockaddr_in mc = addr4("239.194.0." + std::to_string(1 + getpid() % 250), 0);
+  int ctx_tag = 0;
+  ASSERT_EQ(rdma_join_multicast(id, sa(mc), &ctx_tag), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(ch_);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_MULTICAST_JOIN);
+  EXPECT_EQ(ev->status, 0);
+  EXPECT_EQ(ev->param.ud.private_data, &ctx_tag);
+  EXPECT_EQ(ev->param.ud.qp_num, 0xFFFFFFu);
+  EXPECT_EQ(ev->param.ud.qkey, static_cast<uint32_t>(RDMA_UDP_QKEY));
+  const ibv_ah_attr& ah = ev->param.ud.ah_attr;
+  EXPECT_EQ(ah.is_global, 1);
+  const uint8_t want[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 194, 0,
+                            static_cast<uint8_t>(1 + getpid() % 250)};
+  EXPECT_EQ(std::memcmp(ah.grh.dgid.raw, want, 16), 0);
+  ibv_ah* a = ibv_create_ah(id->pd, const_cast<ibv_ah_attr*>(&ah));
+  EXPECT_NE(a, nullptr) << strerror(errno);  // a sender's AH to the group
+  if (a != nullptr) {
+    EXPECT_EQ(ibv_destroy_ah(a), 0);
+  }
+  rdma_ack_cm_event(ev);
+  ibv_gid g;
+  std::memcpy(g.raw, want, 16);
+  EXPECT_EQ(ibv_attach_mcast(id->qp, &g, 0), 0);  // attached already: no change
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(id, sa(mc), nullptr), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  sockaddr_in uni = addr4(my_ip(), 0);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(id, sa(uni), nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_cm_join_mc_attr_ex ex{};
+  ex.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+  ex.addr = sa(mc);
+  ex.join_flags = RDMA_MC_JOIN_FLAG_RESERVED;
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast_ex(id, &ex, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_leave_multicast(id, sa(mc)), 0);
+  EXPECT_EQ(ibv_detach_mcast(id->qp, &g, 0), EINVAL);  // the leave detached it
+  errno = 0;
+  EXPECT_EQ(rdma_leave_multicast(id, sa(mc)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  // Send-only full member: the event, no attach.
+  ex.join_flags = RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+  ASSERT_EQ(rdma_join_multicast_ex(id, &ex, nullptr), 0) << strerror(errno);
+  ev = next_event(ch_);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_MULTICAST_JOIN);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(ibv_detach_mcast(id->qp, &g, 0), EINVAL);
+  rdma_destroy_qp(id);
+  EXPECT_EQ(rdma_destroy_id(id), 0);  // leaves what is still joined
+  // After the route is resolved: EINVAL, as the kernel.
+  rdma_cm_id* routed = resolved(RDMA_PS_UDP, my_ip(), 7177);
+  ASSERT_NE(routed, nullptr);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(routed, sa(mc), nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(routed), 0);
+  // A TCP id cannot join.
+  rdma_cm_id* tcp = addr_resolved(RDMA_PS_TCP, 7176);
+  ASSERT_NE(tcp, nullptr);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(tcp, sa(mc), nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(tcp), 0);
+}
+
 TEST_F(Cma, OversizedPrivateDataIsEinval) {
   uint8_t big[256] = {};
   rdma_cm_id* id = resolved(RDMA_PS_TCP, my_ip(), 7471);
@@ -568,8 +659,8 @@ TEST(CmaPlain, EventStrAndUnsupported) {
   ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_UDP), 0);
   sockaddr_in mc = addr4("239.1.1.1", 0);
   errno = 0;
-  EXPECT_EQ(rdma_join_multicast(id, sa(mc), nullptr), -1);
-  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(rdma_join_multicast(id, sa(mc), nullptr), -1);  // no device yet (unbound)
+  EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(rdma_destroy_id(id), 0);
   errno = 0;
   EXPECT_EQ(rsocket(AF_INET, SOCK_STREAM, 0), -1);
