@@ -78,8 +78,9 @@ if [ "$daemon" = 1 ]; then
   lgid() { grep -m1 -i 'local address' "$1" | grep -oiE 'GID:? *[0-9a-f:.]+' | head -1; }
   sg="$(lgid "$work/server.out")"; cg="$(lgid "$work/client.out")"
   echo "== daemon: server $sg, client $cg"
-  cat "$work/daemon.out"
   if [ -z "$sg" ] || [ "$sg" != "$cg" ]; then echo "FAIL: not one device (local GIDs '$sg' / '$cg')"; fail=1; fi
+  stop_daemon "$dpid" "$work/daemon.out" || fail=1
+  dpid=
 fi
 check_run server "$src" "$work/server.out" "$sexpect" || fail=1
 check_run client "$crc" "$work/client.out" "$expect" || fail=1
