@@ -85,7 +85,15 @@ NOT_BUILT_YET = [
 
 # Daemon hosting (--daemon): the rdma_cm cases run (the net interface is there); what they
 # need that is not built yet. Same rules as NOT_BUILT_YET.
-NOT_BUILT_YET_DAEMON = [e for e in NOT_BUILT_YET if 'rdma_cm cases' not in e[0]] + [
+NOT_BUILT_YET_DAEMON = [e for e in NOT_BUILT_YET if 'rdma_cm cases' not in e[0]]
+# Errors of features not built yet that the suite does not turn into skips: (label, regex
+# over the test id, regex the test's own output must show, exact number of tests). Each
+# such error must show its output, and the count must be the run's, or the run fails.
+NOT_BUILT_YET_ERRORS_DAEMON = [
+    # README support table: rdma_join_multicast[_ex] is EOPNOTSUPP (no UD multicast yet).
+    ('rdma_cm UD multicast (rdma_join_multicast: EOPNOTSUPP)',
+     r'^tests\.test_rdmacm\.CMTestCase\.test_rdmacm_async_(ex_)?(leave_)?multicast_traffic$',
+     r'Failed to Join multicast\. Errno: 95', 3),
 ]
 
 EXIT_BAD = 1
@@ -262,7 +270,8 @@ def main():
             except subprocess.TimeoutExpired:
                 rc = 'timeout after %.0fs' % a.timeout
         with open(log) as lf:
-            sys.stdout.write(lf.read())
+            child_log = lf.read()
+        sys.stdout.write(child_log)
         if rc != 0 or not os.path.exists(out):
             print('rdma_core_py: the suite did not finish (child exit %s)' % rc)
             return EXIT_BAD
@@ -280,7 +289,8 @@ def main():
             daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     return report(res, a.report_only, a.pattern,
-                  NOT_BUILT_YET_DAEMON if a.daemon else NOT_BUILT_YET)
+                  NOT_BUILT_YET_DAEMON if a.daemon else NOT_BUILT_YET,
+                  NOT_BUILT_YET_ERRORS_DAEMON if a.daemon else [], child_log)
 
 
 def start_daemon(softrnicd, tmp):
@@ -292,8 +302,12 @@ def start_daemon(softrnicd, tmp):
     rt = os.path.join(tmp, 'rt')
     os.mkdir(rt, 0o700)
     log = open(os.path.join(tmp, 'softrnicd.out'), 'w')
+    # softrnicd is ours (sanitized itself in the asan build): no preload, leaks checked.
+    denv = {k: v for k, v in os.environ.items() if k != 'LD_PRELOAD'}
+    if 'ASAN_OPTIONS' in denv:
+        denv['ASAN_OPTIONS'] = denv['ASAN_OPTIONS'].replace('detect_leaks=0', 'detect_leaks=1')
     d = subprocess.Popen([softrnicd, '--foreground', '--runtime-dir', rt, '--ip', DAEMON_IP],
-                         stdout=log, stderr=subprocess.STDOUT)
+                         stdout=log, stderr=subprocess.STDOUT, env=denv)
     sock = os.path.join(rt, 'softrnicd.sock')
     for _ in range(100):
         if os.path.exists(sock) or d.poll() is not None:
@@ -317,7 +331,7 @@ def start_daemon(softrnicd, tmp):
     launcher = os.path.join(HERE, '..', '..', 'scripts', 'softrnic')
     r = subprocess.run(['bash', launcher, 'env'], capture_output=True, text=True, env=env)
     vals = dict(re.findall(r'^export (SYSFS_PATH)=(\S+)$', r.stdout, re.M))
-    pm = re.search(r'^export LD_PRELOAD=.*?(\S+libsoftrnic_paths\.so)$', r.stdout, re.M)
+    pm = re.search(r'^export LD_PRELOAD=.*?([^\s}]+libsoftrnic_paths\.so)$', r.stdout, re.M)
     if r.returncode != 0 or 'SYSFS_PATH' not in vals or pm is None:
         d.kill()
         d.wait()
@@ -348,7 +362,16 @@ def stop_daemon(d, tmp):
     return None
 
 
-def report(res, report_only, pattern, not_built):
+def test_output(log, tid):
+    """The child's verbose output for test `tid`: from its "name (id)" line to the next test's."""
+    i = log.find('(%s)' % tid)
+    if i < 0:
+        return ''
+    m = re.compile(r'^\w+ \(tests\.', re.M).search(log, i + 1)
+    return log[i:m.start() if m else len(log)]
+
+
+def report(res, report_only, pattern, not_built, known_errors=(), log=''):
     bad = []
     skipped = res['skipped']
     nfail, nerr = len(res['failures']), len(res['errors'])
@@ -374,14 +397,34 @@ def report(res, report_only, pattern, not_built):
         print('  %-60s %3d%s' % (label, got, mark))
         if got != want and not pattern:
             bad.append('NOT_BUILT_YET "%s": %d skipped, the list says %d' % (label, got, want))
+    known = {label: 0 for label, _, _, _ in known_errors}
+    errors = []
+    for tid, tb in res['errors']:
+        hit = next((label for label, idrx, outrx, _ in known_errors
+                    if re.search(idrx, tid) and re.search(outrx, test_output(log, tid))), None)
+        if hit is None:
+            errors.append((tid, tb))
+        else:
+            known[hit] += 1
+    if known_errors:
+        print('\n==== errors of features not built yet (%d tests expected) ===='
+              % sum(n for _, _, _, n in known_errors))
+    for label, _, _, want in known_errors:
+        got = known[label]
+        print('  %-60s %3d%s' % (label, got, '' if got == want else '   <-- expected %d' % want))
+        if got != want and not pattern:
+            bad.append('NOT_BUILT_YET errors "%s": %d, the list says %d' % (label, got, want))
+    nerr = len(errors)
     for tid, tb in res['failures']:
         bad.append('FAIL ' + tid)
-    for tid, tb in res['errors']:
+    for tid, tb in errors:
         bad.append('ERROR ' + tid)
     for tid in res['unexpected_successes']:
         bad.append('UNEXPECTED SUCCESS ' + tid)
-    print('\nrdma-core python suite: %d run, %d passed, %d failed, %d errors, %d skipped '
-          '(%.0fs)' % (res['run'], passed, nfail, nerr, len(skipped), res['seconds']))
+    print('\nrdma-core python suite: %d run, %d passed, %d failed, %d errors, %d skipped%s '
+          '(%.0fs)' % (res['run'], passed, nfail, nerr, len(skipped),
+                       ', %d errors of features not built yet' % sum(known.values())
+                       if known_errors else '', res['seconds']))
     if report_only:
         return 0 if nfail + nerr == 0 else EXIT_BAD
     for b in bad:
