@@ -3,9 +3,14 @@
 # processes each with its own softrnic device (SOFTRNIC_IP = distinct loopback addresses),
 # both through scripts/softrnic run (tests/shim/launch.sh), with timeouts.
 #   cm_pair.sh [--preload] [--expect RE] [--server-expect RE] [--count RE N] [--timeout S]
-#              [--no-retry] [--settle S]
+#              [--no-retry] [--settle S] [--daemon]
 #              SERVER_IP CLIENT_IP -- SERVER_CMD... --client-- CLIENT_CMD...
 # (either IP may be "auto": a free random 127.64-127.127 address).
+# --daemon: one softrnicd (SOFTRNICD, its own runtime dir, --ip SERVER_IP) hosts the device of
+# both processes (SOFTRNIC_HOSTING=daemon), so both are on SERVER_IP (CLIENT_IP is ignored):
+# the client starts once the daemon's socket is up and a client of it has claimed a CM
+# service ID (the server's rdma_listen, from the daemon's status), and its sanitizer reports
+# and exit status count as the programs' do.
 # @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
 # match (--count RE N: the client's output has at least N lines matching RE, and so does the
 # server's with --server-count). rdma_cm uses no TCP port: the client starts once the
@@ -26,6 +31,7 @@ scount_n=0
 tmo=60
 tries=3
 settle=1
+daemon=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) mode=(--preload); shift ;;
@@ -36,6 +42,7 @@ while [ $# -gt 0 ]; do
     --timeout) tmo="$2"; shift 2 ;;
     --no-retry) tries=1; shift ;;
     --settle) settle="$2"; shift 2 ;;
+    --daemon) daemon=1; shift ;;
     *) break ;;
   esac
 done
@@ -52,6 +59,7 @@ pick_ip() {
 }
 [ "$sip" = auto ] && sip="$(pick_ip)"
 [ "$cip" = auto ] && cip="$(pick_ip)"
+[ "$daemon" = 1 ] && cip="$sip"
 [ "${1:-}" = "--" ] && shift
 server=(); client=()
 while [ $# -gt 0 ] && [ "$1" != "--client--" ]; do server+=("${1//@SIP@/$sip}"); shift; done
@@ -60,7 +68,8 @@ while [ $# -gt 0 ]; do client+=("${1//@SIP@/$sip}"); shift; done
 [ ${#server[@]} -gt 0 ] && [ ${#client[@]} -gt 0 ] || { echo "usage: see the header of $0" >&2; exit 2; }
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+dpid=
+trap '[ -n "$dpid" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"' EXIT
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 
 # Without a CM agent in the device (rdma_listen: ENOSYS) the pair cannot run: a counted skip.
@@ -71,16 +80,51 @@ if [ -n "${RDMACM_CM_PROBE:-}" ]; then
   [ "$prc" = 0 ] || { echo "FAIL: cm_probe exited $prc"; exit 1; }
 fi
 
+# CM service IDs claimed on softrnicd's devices (its kStatus answer, daemon/proto/proto.h),
+# or nothing if it does not answer.
+daemon_services() {
+  /usr/bin/python3 - "$SOFTRNIC_RUNTIME_DIR/softrnicd.sock" <<'PY' 2>/dev/null
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(2)
+s.connect(sys.argv[1])
+s.send(struct.pack('=II', 8, 8))  # Header{kStatus, len 8}
+m = s.recv(65536)
+print(sum(d['services'] for d in json.loads(m[8:].decode())['devices']))
+PY
+}
+
+if [ "$daemon" = 1 ]; then
+  mkdir -m 700 "$SOFTRNIC_RUNTIME_DIR"
+  "${SOFTRNICD:?SOFTRNICD: the softrnicd binary}" --foreground --runtime-dir "$SOFTRNIC_RUNTIME_DIR" \
+    --ip "$sip" >"$work/daemon.out" 2>&1 &
+  dpid=$!
+  for _ in $(seq 1 100); do [ -S "$SOFTRNIC_RUNTIME_DIR/softrnicd.sock" ] && break; sleep 0.05; done
+  [ -S "$SOFTRNIC_RUNTIME_DIR/softrnicd.sock" ] || { echo "FAIL: softrnicd did not start"; cat "$work/daemon.out"; exit 1; }
+  export SOFTRNIC_HOSTING=daemon
+fi
+
 SOFTRNIC_IP="$sip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${server[@]}" >"$work/server.out" 2>&1 &
 spid=$!
 up=0
 for _ in $(seq 1 200); do
-  if ss -Hlun "src $sip:4791" 2>/dev/null | grep -q .; then up=1; break; fi
+  if [ "$daemon" = 1 ]; then
+    [ "$(daemon_services)" -gt 0 ] 2>/dev/null && { up=1; break; }
+  elif ss -Hlun "src $sip:4791" 2>/dev/null | grep -q .; then
+    up=1; break
+  fi
   kill -0 "$spid" 2>/dev/null || break
   sleep 0.1
 done
-[ "$up" = 1 ] || echo "FAIL: the server's device never bound $sip:4791 (20 s)"
-sleep "$settle"  # from the device's bind to rdma_listen: the program's own setup
+if [ "$up" = 1 ]; then
+  # from the device's bind to rdma_listen: the program's own setup (daemon: from the first
+  # listen to the next, perftest -R listens twice)
+  sleep "$settle"
+elif [ "$daemon" = 1 ]; then
+  echo "FAIL: the server never listened on softrnicd's device $sip (20 s)"
+else
+  echo "FAIL: the server's device never bound $sip:4791 (20 s)"
+fi
 # A client that came before the server's rdma_listen is rejected with reason 8 (no listener
 # for the service ID): that is start-up order, not a result; it retries (3 tries, 2 s apart).
 # (--no-retry: programs that listen more than once, perftest -R, cannot be retried: the
@@ -115,4 +159,8 @@ if [ -n "$scount_re" ]; then
   [ "$n" -ge "$scount_n" ] || { echo "FAIL: server has $n lines /$scount_re/, want >= $scount_n"; fail=1; }
 fi
 check_foreign "$work/server.out" "$work/client.out" || fail=1
+if [ "$daemon" = 1 ]; then
+  stop_daemon "$dpid" "$work/daemon.out" || fail=1
+  dpid=
+fi
 exit "$fail"

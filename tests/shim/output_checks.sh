@@ -20,3 +20,19 @@ check_foreign() {
   fi
   return $r
 }
+# stop_daemon PID OUTFILE: stops a softrnicd started by the script (SIGTERM, 10 s, then
+# SIGKILL), prints its output, and returns 1 unless it exited 0 with no sanitizer report
+# (the asan build's softrnicd is sanitized itself, LeakSanitizer included).
+stop_daemon() {
+  local r=0 rc
+  kill -TERM "$1" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$1" 2>/dev/null && { echo "FAIL: softrnicd did not stop on SIGTERM (10 s)"; kill -KILL "$1"; r=1; }
+  wait "$1"
+  rc=$?
+  echo "== softrnicd (exit $rc)"
+  cat "$2"
+  [ "$rc" -eq 0 ] || { echo "FAIL: softrnicd exited $rc"; r=1; }
+  check_foreign "$2" || r=1
+  return $r
+}

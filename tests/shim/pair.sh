@@ -73,13 +73,15 @@ cat "$work/client.out"
 fail=0
 [ "$listening" = 1 ] || fail=1
 if [ "$daemon" = 1 ]; then
-  # One device: both sides' local GIDs (ibverbs-utils "GID ::ffff:a.b.c.d", perftest
-  # "GID: 00:00:...") are the daemon's address.
-  lgid() { grep -m1 -i 'local address' "$1" | grep -oiE 'GID:? *[0-9a-f:.]+' | head -1; }
+  # One device: both sides' local GIDs (ibverbs-utils "local address: ... GID ::ffff:a.b.c.d",
+  # ibv_xsrq_pingpong "local: ... GID ...", perftest "local address: ..." with "GID: 00:00:..."
+  # on the next line) are the daemon's address.
+  lgid() { grep -m1 -iE -A1 'local address|^ *local:' "$1" | grep -oiE 'GID:? *[0-9a-f:.]+' | head -1; }
   sg="$(lgid "$work/server.out")"; cg="$(lgid "$work/client.out")"
   echo "== daemon: server $sg, client $cg"
-  cat "$work/daemon.out"
   if [ -z "$sg" ] || [ "$sg" != "$cg" ]; then echo "FAIL: not one device (local GIDs '$sg' / '$cg')"; fail=1; fi
+  stop_daemon "$dpid" "$work/daemon.out" || fail=1
+  dpid=
 fi
 check_run server "$src" "$work/server.out" "$sexpect" || fail=1
 check_run client "$crc" "$work/client.out" "$expect" || fail=1
