@@ -1,0 +1,421 @@
+// tests/daemon: softrnicd shared by several processes (issue 16's must-show items). Each test
+// starts its own softrnicd (SOFTRNICD, --foreground) in a fresh runtime directory and drives
+// client processes (DCLIENT, tests/daemon/dclient.cc: the shim, SOFTRNIC_HOSTING=daemon) over
+// their stdin/stdout:
+//  - FourClientsAndAnAttacker: four processes on one device and one GID with interleaved RC
+//    traffic (0<->1, 2<->3, 0<->2, 1<->3; WRITEs and SENDs, every byte checked) while a fifth
+//    uses another process's rkey on a QP connected to a third (remote access error, memory
+//    unchanged, counted by the QP's owner) and forges packets to another process's QPNs from a
+//    plain UDP socket (dropped and counted); the four complete with correct data.
+//  - CrashLoop: a client killed with SIGKILL mid-transfer, DAEMON_TEST_CRASHES times (default
+//    100): each time the surviving peer's QP fails with RETRY_EXC_ERR within its retry
+//    timeout and the daemon's slots in use return to one (the survivor), no slot leaked.
+//  - DaemonDeath: softrnicd killed (SIGKILL, SIGTERM) under a client with outstanding WRs:
+//    IBV_EVENT_DEVICE_FATAL, every WR flushed, a clean exit.
+//  - MaliciousSocket: garbage, short, oversized and out-of-order messages, wrong types, slot
+//    exhaustion, many idle connections, another client's service ID, sockets kept after the
+//    connection's end: each counted or refused, the daemon keeps serving a real client.
+// softrnicd must exit 0 after SIGTERM in every test (under ASan: no leak, no error).
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/proto/proto.h"
+
+namespace {
+
+using Json = nlohmann::json;
+namespace dp = rnic::daemon;
+
+uint64_t mono_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> w;
+  for (std::string x; in >> x;) w.push_back(x);
+  return w;
+}
+
+// Exit status of a waited child as text ("exit 0", "signal 9").
+std::string how(int st) {
+  if (WIFEXITED(st)) return "exit " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return "signal " + std::to_string(WTERMSIG(st));
+  return "?";
+}
+
+// Waits up to ms for pid; returns its status or -1.
+int wait_for(pid_t pid, int ms) {
+  uint64_t end = mono_ms() + uint64_t(ms);
+  for (;;) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (mono_ms() > end) return -1;
+    usleep(2000);
+  }
+}
+
+class Daemon {
+ public:
+  explicit Daemon(std::vector<std::string> extra = {}) {
+    char tmpl[] = "/tmp/softrnic-dtest-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    std::vector<std::string> args = {SOFTRNICD, "--foreground", "--runtime-dir", dir_};
+    for (auto& e : extra) args.push_back(e);
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> av;
+      for (auto& a : args) av.push_back(const_cast<char*>(a.c_str()));
+      av.push_back(nullptr);
+      execv(av[0], av.data());
+      _exit(127);
+    }
+    // Ready once kStatus answers.
+    uint64_t end = mono_ms() + 20000;
+    while (mono_ms() < end) {
+      Json j;
+      if (status(&j)) {
+        ip_ = j["devices"][0]["ip"].get<std::string>();
+        return;
+      }
+      if (waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      usleep(10000);
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::string rm = "rm -rf '" + dir_ + "'";
+    if (std::system(rm.c_str()) != 0) {
+    }
+  }
+  bool up() const { return pid_ > 0 && !ip_.empty(); }
+  const std::string& dir() const { return dir_; }
+  const std::string& ip() const { return ip_; }
+  pid_t pid() const { return pid_; }
+
+  bool status(Json* out) const {
+    int fd = dp::connect_daemon(dir_);
+    if (fd < 0) return false;
+    dp::Header req{uint32_t(dp::MsgType::kStatus), sizeof(dp::Header)};
+    std::vector<char> buf(1 << 20);
+    ssize_t r = dp::call(fd, &req, sizeof req, buf.data(), buf.size(), nullptr, 0, 5000);
+    close(fd);
+    if (r <= static_cast<ssize_t>(sizeof(dp::Header))) return false;
+    *out = Json::parse(std::string(buf.data() + sizeof(dp::Header), size_t(r) - sizeof(dp::Header)),
+                       nullptr, false);
+    return !out->is_discarded();
+  }
+  Json status() const {
+    Json j;
+    EXPECT_TRUE(status(&j)) << "softrnicd does not answer kStatus";
+    return j;
+  }
+  uint64_t counter(const char* k) const { return status().value(k, uint64_t{0}); }
+  uint64_t dev_field(const char* k) const { return status()["devices"][0].value(k, uint64_t{0}); }
+  // Polls until the device's slots_in_use is n (and nobody waits for an exit); false on timeout.
+  bool wait_slots(uint64_t n, int ms = 5000) const {
+    uint64_t end = mono_ms() + uint64_t(ms);
+    for (;;) {
+      Json j = status();
+      if (j.is_object() && j["devices"][0].value("slots_in_use", uint64_t{99}) == n &&
+          j["devices"][0].value("slots_waiting_exit", uint64_t{99}) == 0)
+        return true;
+      if (mono_ms() > end) return false;
+      usleep(2000);
+    }
+  }
+  // Signals softrnicd and returns its wait status (-1: it did not exit in 10 s).
+  int stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    int st = wait_for(pid_, 10000);
+    if (st != -1) pid_ = -1;
+    return st;
+  }
+
+ private:
+  std::string dir_, ip_;
+  pid_t pid_ = -1;
+  int exit_status_ = 0;
+};
+
+// A dclient process driven by lines.
+class Client {
+ public:
+  Client(const Daemon& d) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      setenv("SOFTRNIC_HOSTING", "daemon", 1);
+      setenv("SOFTRNIC_RUNTIME_DIR", d.dir().c_str(), 1);
+      execl(DCLIENT, DCLIENT, static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+  }
+  ~Client() {
+    if (to_ >= 0) close(to_);
+    if (from_ >= 0) close(from_);
+    if (pid_ > 0) {
+      if (wait_for(pid_, 5000) == -1) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+      }
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void send(const std::string& line) {
+    std::string l = line + "\n";
+    ASSERT_EQ(write(to_, l.data(), l.size()), static_cast<ssize_t>(l.size()));
+  }
+  // The next reply line ("" after timeout_ms or at EOF).
+  std::string read(int timeout_ms = 30000) {
+    uint64_t end = mono_ms() + uint64_t(timeout_ms);
+    for (;;) {
+      size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      int left = static_cast<int>(end - std::min(end, mono_ms()));
+      if (left == 0) return "";
+      pollfd p{from_, POLLIN, 0};
+      if (poll(&p, 1, left) <= 0) continue;
+      char b[4096];
+      ssize_t n = ::read(from_, b, sizeof b);
+      if (n <= 0) return "";
+      buf_.append(b, size_t(n));
+    }
+  }
+  // Sends a command and returns the words of its "ok" reply after "ok" (fails the test else).
+  std::vector<std::string> cmd(const std::string& line, int timeout_ms = 30000) {
+    send(line);
+    std::string r = read(timeout_ms);
+    EXPECT_EQ(r.rfind("ok", 0), 0u) << "pid " << pid_ << ": '" << line << "' -> '" << r << "'";
+    std::vector<std::string> w = words(r);
+    if (!w.empty()) w.erase(w.begin());
+    return w;
+  }
+  // Closes stdin (dclient tears down and exits) and returns the wait status.
+  int quit() {
+    close(to_);
+    to_ = -1;
+    int st = wait_for(pid_, 10000);
+    if (st != -1) pid_ = -1;
+    return st;
+  }
+  void kill9() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+// `softrnic-ctl stats` of the device of process pid.
+std::map<std::string, uint64_t> stats(const Daemon& d, pid_t pid) {
+  std::string c = std::string(SOFTRNIC_CTL) + " --runtime-dir '" + d.dir() + "' --pid " +
+                  std::to_string(pid) + " stats";
+  std::map<std::string, uint64_t> m;
+  FILE* f = popen(c.c_str(), "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    auto w = words(line);
+    if (w.size() == 2) m[w[0]] = std::strtoull(w[1].c_str(), nullptr, 10);
+  }
+  pclose(f);
+  return m;
+}
+
+constexpr uint32_t kWindow = 64 * 1024;  // dclient.cc
+constexpr int kRemAccessErr = IBV_WC_REM_ACCESS_ERR;
+
+struct Peer {
+  std::string qpn, psn;
+};
+
+TEST(Daemon, FourClientsAndAnAttacker) {
+  Daemon d;
+  ASSERT_TRUE(d.up());
+  std::vector<std::unique_ptr<Client>> c;
+  std::vector<std::string> gid, addr, rkey;
+  for (int i = 0; i < 5; ++i) {
+    c.push_back(std::make_unique<Client>(d));
+    auto w = c[i]->cmd("open " + std::to_string(i));
+    ASSERT_EQ(w.size(), 2u);
+    gid.push_back(w[0]);
+    w = c[i]->cmd("mr win " + std::to_string(8 * kWindow) + " " + std::to_string(100 + i));
+    ASSERT_EQ(w.size(), 2u);
+    addr.push_back(w[0]);
+    rkey.push_back(w[1]);
+  }
+  for (int i = 1; i < 5; ++i) EXPECT_EQ(gid[i], gid[0]) << "one device, one GID for every process";
+  // Every process has its own slot: the QPN's and rkey's top bytes differ.
+  Json st = d.status();
+  ASSERT_EQ(st["devices"][0]["slots_in_use"], 5);
+  ASSERT_EQ(st["devices"][0]["clients"].size(), 5u);
+
+  // RC connections a <-> b: QP "q<b>" in a, "q<a>" in b.
+  const int pairs[][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  std::map<std::pair<int, int>, std::vector<std::string>> qp_of;  // (a, b): a's QPN and PSN
+  for (auto [a, b] : pairs) {
+    auto qa = c[a]->cmd("qp q" + std::to_string(b));
+    auto qb = c[b]->cmd("qp q" + std::to_string(a));
+    ASSERT_EQ(qa.size(), 2u);
+    ASSERT_EQ(qb.size(), 2u);
+    qp_of[{a, b}] = qa;
+    qp_of[{b, a}] = qb;
+    c[a]->cmd("connect q" + std::to_string(b) + " " + qb[0] + " " + qb[1] + " " + gid[b] + " " +
+              std::to_string(b) + " " + addr[b] + " " + rkey[b] + " 14 7");
+    c[b]->cmd("connect q" + std::to_string(a) + " " + qa[0] + " " + qa[1] + " " + gid[a] + " " +
+              std::to_string(a) + " " + addr[a] + " " + rkey[a] + " 14 7");
+  }
+  // The attacker (4): QPs "w" and "r" connected to victim 0's "atkw"/"atkr"; process 0 has an
+  // MR the attacker may use ("open"); process 1's window MR is what it must not reach.
+  auto open0 = c[0]->cmd("mr open 65536 55");
+  ASSERT_EQ(open0.size(), 2u);
+  std::map<std::string, std::vector<std::string>> atk;
+  for (std::string n : {"w", "r"}) {
+    auto v = c[0]->cmd("qp atk" + n);
+    auto a = c[4]->cmd("qp " + n);
+    ASSERT_EQ(v.size(), 2u);
+    ASSERT_EQ(a.size(), 2u);
+    c[0]->cmd("connect atk" + n + " " + a[0] + " " + a[1] + " " + gid[4] + " 4 0 0 14 7");
+    c[4]->cmd("connect " + n + " " + v[0] + " " + v[1] + " " + gid[0] + " 0 0 0 14 7");
+    atk[n] = v;
+  }
+  // P1's QP in RESET, for a forged packet (its QPN's top byte is P1's slot).
+  auto q10 = c[1]->cmd("qp spare");
+  ASSERT_EQ(q10.size(), 2u);
+  const uint32_t slot1 = std::stoul(q10[0]) >> 16;
+  const std::string p1_target = std::to_string(std::stoull(addr[1]) + 4 * kWindow);
+  const std::string p1_hash = c[1]->cmd("hash win " + std::to_string(4 * kWindow) + " " +
+                                        std::to_string(kWindow))[0];
+  const std::string p0_hash = c[0]->cmd("hash win " + std::to_string(4 * kWindow) + " " +
+                                        std::to_string(kWindow))[0];
+  auto before0 = stats(d, c[0]->pid());
+  auto before1 = stats(d, c[1]->pid());
+  const uint64_t daemon_before = d.counter("drop_cm_unrouted") + d.counter("cm_routed") +
+                                 d.counter("drop_free_slot");
+
+  // Interleaved traffic on the four while the attacker works.
+  const int rounds = 400, size = 2048;
+  const char* qps[] = {"q1 q2", "q0 q3", "q3 q0", "q2 q1"};
+  for (int i = 0; i < 4; ++i) {
+    c[i]->send("traffic " + std::to_string(rounds) + " " + std::to_string(size) + " " + qps[i]);
+  }
+  // A legitimate WRITE and READ on the attacker's QPs work (the QPs are sound) ...
+  EXPECT_EQ(c[4]->cmd("rdma write w win 0 256 " + open0[0] + " " + open0[1]),
+            std::vector<std::string>{"0"});
+  EXPECT_EQ(c[4]->cmd("rdma read r win 0 256 " + open0[0] + " " + open0[1]),
+            std::vector<std::string>{"0"});
+  // ... P1's rkey on them is refused: remote access error at the attacker.
+  EXPECT_EQ(c[4]->cmd("rdma write w win 0 256 " + p1_target + " " + rkey[1]),
+            std::vector<std::string>{std::to_string(kRemAccessErr)});
+  EXPECT_EQ(c[4]->cmd("rdma read r win 4096 256 " + p1_target + " " + rkey[1]),
+            std::vector<std::string>{std::to_string(kRemAccessErr)});
+  // Forged RDMA WRITEs (opcode 10) with P1's own rkey from a plain UDP socket to P1's QPNs:
+  // to its live QP towards P0 with a bad ICRC, and well formed but with a stale PSN (behind
+  // the PSNs P0 sends it, a duplicate); to its QP in RESET; to a QPN of its slot that does not
+  // exist; and one to a slot nobody holds.
+  const std::string live = qp_of[{1, 0}][0];
+  const uint32_t stale = (std::stoul(qp_of[{0, 1}][1]) - 10) & 0xffffff;
+  const std::string forged = " 10 " + std::to_string(stale) + " " + p1_target + " " + rkey[1] + " 64 ";
+  EXPECT_TRUE(c[4]->cmd("forge " + d.ip() + " " + live + forged + "1").empty());
+  EXPECT_TRUE(c[4]->cmd("forge " + d.ip() + " " + live + forged + "0").empty());
+  EXPECT_TRUE(c[4]->cmd("forge " + d.ip() + " " + q10[0] + forged + "0").empty());
+  EXPECT_TRUE(c[4]->cmd("forge " + d.ip() + " " + std::to_string(slot1 << 16 | 0xFFF0) + forged +
+                        "0").empty());
+  EXPECT_TRUE(c[4]->cmd("forge " + d.ip() + " " + std::to_string(0xEE0011) + forged + "0").empty());
+
+  for (int i = 0; i < 4; ++i) {
+    auto w = words(c[i]->read(120000));
+    ASSERT_EQ(w.size(), 3u) << "process " << i << " traffic did not finish";
+    EXPECT_EQ(w[0], "ok");
+    EXPECT_EQ(w[1], std::to_string(2 * rounds));
+    EXPECT_EQ(w[2], std::to_string(2 * rounds));
+  }
+  for (auto [a, b] : pairs) {
+    c[a]->cmd("checkwin win " + std::to_string(b) + " " + std::to_string(rounds) + " " +
+              std::to_string(size));
+    c[b]->cmd("checkwin win " + std::to_string(a) + " " + std::to_string(rounds) + " " +
+              std::to_string(size));
+  }
+  // Nothing reached P1's memory or P0's window of the attacker.
+  EXPECT_EQ(c[1]->cmd("hash win " + std::to_string(4 * kWindow) + " " + std::to_string(kWindow))[0],
+            p1_hash);
+  EXPECT_EQ(c[0]->cmd("hash win " + std::to_string(4 * kWindow) + " " + std::to_string(kWindow))[0],
+            p0_hash);
+  // Counted where they landed: P0 (the QPs' owner) refused two requests; P1 dropped the
+  // forged packets (bad ICRC, unknown QPN, a request to a QP that is not ready).
+  auto after0 = stats(d, c[0]->pid());
+  auto after1 = stats(d, c[1]->pid());
+  ASSERT_FALSE(after0.empty());
+  ASSERT_FALSE(after1.empty());
+  EXPECT_GE(after0["rem_access_nak_sent"] - before0["rem_access_nak_sent"], 2u);
+  EXPECT_GE(after1["icrc_err"] - before1["icrc_err"], 1u);
+  EXPECT_GE(after1["drop_unknown_qpn"] - before1["drop_unknown_qpn"], 1u);
+  EXPECT_GE(after1["drop_bad_state"] - before1["drop_bad_state"], 1u);
+  EXPECT_GE(after1["duplicate_request"] - before1["duplicate_request"], 1u);
+  EXPECT_EQ(after1["rem_access_nak_sent"], before1["rem_access_nak_sent"]);
+  auto atk_stats = stats(d, c[4]->pid());
+  std::printf("P0 rem_access_nak_sent +%llu; P1 icrc_err +%llu drop_unknown_qpn +%llu "
+              "drop_bad_state +%llu duplicate_request +%llu; attacker rem_access_nak_rcvd %llu\n",
+              (unsigned long long)(after0["rem_access_nak_sent"] - before0["rem_access_nak_sent"]),
+              (unsigned long long)(after1["icrc_err"] - before1["icrc_err"]),
+              (unsigned long long)(after1["drop_unknown_qpn"] - before1["drop_unknown_qpn"]),
+              (unsigned long long)(after1["drop_bad_state"] - before1["drop_bad_state"]),
+              (unsigned long long)(after1["duplicate_request"] - before1["duplicate_request"]),
+              (unsigned long long)atk_stats["rem_access_nak_rcvd"]);
+  EXPECT_GE(atk_stats["rem_access_nak_rcvd"], 2u);
+  // The packet for a slot nobody holds reached the daemon, which counted it.
+  EXPECT_GE(d.counter("drop_cm_unrouted") + d.counter("cm_routed") + d.counter("drop_free_slot"),
+            daemon_before + 1);
+  (void)atk;
+
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(how(c[i]->quit()), "exit 0") << "process " << i;
+  EXPECT_TRUE(d.wait_slots(0));
+  EXPECT_EQ(how(d.stop()), "exit 0");
+}
+
+}  // namespace
