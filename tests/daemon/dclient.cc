@@ -470,7 +470,9 @@ std::string cmd_stream(std::istringstream& in) {
       --inflight;
       if (wc[j].status != IBV_WC_SUCCESS) {
         uint64_t t = mono_ms();
-        // The rest of the SQ flushes; take it so the CQ is empty for the next command.
+        // The rest of the SQ flushes (some already in this batch); take it so the CQ is empty
+        // for the next command.
+        inflight -= n - j - 1;
         uint64_t end = t + 2000;
         while (inflight > 0 && mono_ms() < end) {
           ibv_wc x;
