@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -81,13 +82,18 @@ class Daemon {
  public:
   // ip: an address of its own per test (127.0.16.x: no other test uses them), so tests may
   // run at the same time.
-  explicit Daemon(const std::string& ip, std::vector<std::string> extra = {}) {
+  // nofile: its descriptor limit (0: inherited).
+  explicit Daemon(const std::string& ip, std::vector<std::string> extra = {}, rlim_t nofile = 0) {
     char tmpl[] = "/tmp/softrnic-dtest-XXXXXX";
     dir_ = mkdtemp(tmpl);
     std::vector<std::string> args = {SOFTRNICD, "--foreground", "--runtime-dir", dir_, "--ip", ip};
     for (auto& e : extra) args.push_back(e);
     pid_ = fork();
     if (pid_ == 0) {
+      if (nofile != 0) {
+        rlimit rl{nofile, nofile};
+        setrlimit(RLIMIT_NOFILE, &rl);
+      }
       std::vector<char*> av;
       for (auto& a : args) av.push_back(const_cast<char*>(a.c_str()));
       av.push_back(nullptr);
@@ -563,6 +569,54 @@ int listen_sid(int fd, uint64_t sid, dp::MsgType t = dp::MsgType::kListen) {
   dp::ReplyMsg out{};
   ssize_t r = dp::call(fd, &l, sizeof l, &out, sizeof out, nullptr, 0, 5000);
   return r == sizeof out && out.seq == 7 ? out.err : -1;
+}
+
+// CPU ticks (user + system) process pid has used.
+uint64_t cpu_ticks(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[2048] = {};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* p = std::strrchr(buf, ')');
+  if (n == 0 || p == nullptr) return 0;
+  auto w = words(p + 2);  // state ppid ... utime(12th) stime(13th)
+  return w.size() > 12 ? std::stoull(w[11]) + std::stoull(w[12]) : 0;
+}
+
+// More connections than softrnicd has descriptors: the ones beyond are refused (closed at
+// once, counted), the daemon does not spin on its listening socket, and serves again once
+// they are gone.
+TEST(Daemon, OutOfDescriptors) {
+  Daemon d("127.0.16.5", {}, 64);
+  ASSERT_TRUE(d.up());
+  std::vector<int> conns;
+  for (int i = 0; i < 120; ++i) {
+    int fd = raw(d);
+    if (fd >= 0) conns.push_back(fd);
+  }
+  usleep(200000);
+  const uint64_t t0 = cpu_ticks(d.pid());
+  usleep(500000);
+  const uint64_t spent = cpu_ticks(d.pid()) - t0;
+  EXPECT_LT(spent, 10u) << "softrnicd spun for " << spent << " ticks in 0.5 s";
+  // The refused ones read end-of-file.
+  size_t refused = 0;
+  for (int fd : conns) {
+    char b;
+    if (recv(fd, &b, 1, MSG_DONTWAIT) == 0) ++refused;
+  }
+  EXPECT_GT(refused, 0u);
+  for (int fd : conns) close(fd);
+  uint64_t end = mono_ms() + 5000;
+  Json st;
+  while (!d.status(&st) && mono_ms() < end) usleep(10000);
+  ASSERT_TRUE(st.is_object());
+  EXPECT_GE(st.value("refused", uint64_t{0}), refused);  // + status polls refused meanwhile
+  Client cl(d);
+  EXPECT_EQ(cl.cmd("open 1").size(), 2u);
+  EXPECT_EQ(how(cl.quit()), "exit 0");
+  EXPECT_EQ(how(d.stop()), "exit 0");
 }
 
 TEST(Daemon, MaliciousSocket) {
