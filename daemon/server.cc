@@ -111,6 +111,7 @@ std::unique_ptr<Server> Server::open(const ServerOptions& opt, std::string* err)
     *err = s->path_ + ": " + std::strerror(errno);
     return nullptr;
   }
+  s->spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   s->watch(s->listen_fd_, tag(kTagListen));
   s->watch(s->stop_fd_, tag(kTagStop));
   return s;
@@ -129,6 +130,7 @@ Server::~Server() {
     close(listen_fd_);
     if (!path_.empty()) unlink(path_.c_str());
   }
+  if (spare_fd_ >= 0) close(spare_fd_);
   if (ep_ >= 0) close(ep_);
   if (stop_fd_ >= 0) close(stop_fd_);
 }
@@ -336,6 +338,17 @@ void Server::release_slot(Device& d, int slot, pid_t pid) {
 void Server::on_accept() {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+      // Out of descriptors (many connections): a pending connection would keep the listening
+      // socket readable and the loop spinning. Refuse it with the descriptor kept for this.
+      close(spare_fd_);
+      fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) close(fd);
+      spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      ++refused_;
+      if (fd < 0) return;
+      continue;
+    }
     if (fd < 0) return;
     ucred cr{};
     socklen_t l = sizeof cr;

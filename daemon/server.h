@@ -101,12 +101,13 @@ class Server {
   ServerOptions opt_;
   std::string path_;
   int listen_fd_ = -1;
+  int spare_fd_ = -1;  // /dev/null, given up to refuse a connection when out of descriptors
   int ep_ = -1;
   int stop_fd_ = -1;
   std::vector<Device> devs_;
   std::map<int, Client> clients_;
   // Counters (status): datagrams for a free slot, QP1 datagrams with no client to take them,
-  // malformed client messages, clients refused (no slot / permission).
+  // malformed client messages, clients refused (no slot / permission / out of descriptors).
   uint64_t drop_free_slot_ = 0;
   uint64_t drop_cm_unrouted_ = 0;
   uint64_t cm_routed_ = 0;

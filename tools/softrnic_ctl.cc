@@ -1,8 +1,9 @@
 // softrnic-ctl: talks to a running device's control socket (emu/services/control.h): fault rules,
-// counters (once or watched with deltas, as text or --json) and packet capture; `env` prints
-// the table of configuration variables (base/config.h). Arguments are parsed with CLI11, JSON is
-// written with nlohmann-json (neither is linked into libibverbs.so.1). Exit status: 0 ok, 1 the
-// device refused the request or could not be reached, 2 usage error.
+// counters (once or watched with deltas, as text or --json) and packet capture; `status` asks
+// softrnicd (daemon/proto) for its devices, slots, clients and counters; `env` prints the table
+// of configuration variables (base/config.h). Arguments are parsed with CLI11, JSON is written
+// with nlohmann-json (neither is linked into libibverbs.so.1). Exit status: 0 ok, 1 the device
+// refused the request or could not be reached, 2 usage error.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "daemon/proto/proto.h"
 #include "emu/objects/device.h"
 #include "emu/services/control.h"
 #include "tools/control_client.h"
@@ -42,6 +44,7 @@ constexpr const char* kUsage =
     "  gids [--ip IP]                the GID table a device on IP (default $SOFTRNIC_IP) lists:\n"
     "                                'index gid type netdev' per line, gid as sysfs writes it\n"
     "  list                          running devices (device pid socket)\n"
+    "  status [--json]               softrnicd's devices, slots, clients and counters\n"
     "  env [--markdown]              the SOFTRNIC_* variables (base/config.h)\n"
     "Without --device/--pid/--socket the only running device is used.\n";
 
@@ -230,6 +233,60 @@ int print_gids(std::string ip) {
   return 0;
 }
 
+// `status`: softrnicd's answer to kStatus (daemon/server.cc status_json), as text or as it came.
+int print_status(const std::string& runtime_dir, bool json) {
+  namespace d = rnic::daemon;
+  std::string dir = runtime_dir.empty() ? rnic::emu::control_runtime_dir() : runtime_dir;
+  std::string path;
+  int fd = d::connect_daemon(dir, &path);
+  if (fd < 0) return fail("no softrnicd answers at " + path + ": " + std::strerror(-fd));
+  d::Header req{static_cast<uint32_t>(d::MsgType::kStatus), sizeof(d::Header)};
+  std::vector<char> buf(1 << 20);
+  ssize_t r = d::call(fd, &req, sizeof req, buf.data(), buf.size(), nullptr, 0, 5000);
+  close(fd);
+  if (r < 0) return fail("softrnicd at " + path + ": " + std::strerror(static_cast<int>(-r)));
+  d::Header h;
+  std::memcpy(&h, buf.data(), sizeof h);
+  if (h.type != static_cast<uint32_t>(d::MsgType::kStatusText)) {
+    return fail("softrnicd at " + path + " answered with message type " + std::to_string(h.type));
+  }
+  std::string text(buf.data() + sizeof h, static_cast<size_t>(r) - sizeof h);
+  Json doc = Json::parse(text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) return fail("softrnicd at " + path + ": bad status JSON");
+  if (json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+  auto num = [](const Json& j, const char* k) -> unsigned long long {
+    return j.contains(k) && j[k].is_number_unsigned() ? j[k].get<unsigned long long>() : 0;
+  };
+  std::printf("softrnicd pid %llu socket %s\n", num(doc, "pid"),
+              doc.value("socket", std::string()).c_str());
+  for (const char* k : {"clients_total", "refused", "bad_messages", "drop_free_slot",
+                        "drop_cm_unrouted", "cm_routed"}) {
+    std::printf("%s %llu\n", k, num(doc, k));
+  }
+  if (!doc.contains("devices") || !doc["devices"].is_array()) return 0;
+  for (const Json& dev : doc["devices"]) {
+    std::printf("device %s ip %s gids %llu slots_in_use %llu slots_created %llu "
+                "slots_waiting_exit %llu services %llu\n",
+                dev.value("name", std::string()).c_str(), dev.value("ip", std::string()).c_str(),
+                num(dev, "gids"), num(dev, "slots_in_use"), num(dev, "slots_created"),
+                num(dev, "slots_waiting_exit"), num(dev, "services"));
+    if (!dev.contains("clients") || !dev["clients"].is_array()) continue;
+    for (const Json& c : dev["clients"]) {
+      time_t since = static_cast<time_t>(num(c, "since_ms") / 1000);
+      struct tm tmv;
+      localtime_r(&since, &tmv);
+      char ts[32];
+      std::strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &tmv);
+      std::printf("  client pid %llu uid %llu slot %llu since %s services %llu\n", num(c, "pid"),
+                  num(c, "uid"), num(c, "slot"), ts, num(c, "services"));
+    }
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"softrnic-ctl: a running softrnic device's control socket", "softrnic-ctl"};
   app.set_help_flag();  // -h/--help/help print kUsage (below)
@@ -248,6 +305,9 @@ int run(int argc, char** argv) {
   CLI::App* c_help = app.add_subcommand("help");
   CLI::App* c_list = app.add_subcommand("list");
   CLI::App* c_env = app.add_subcommand("env");
+  CLI::App* c_status = app.add_subcommand("status");
+  bool status_json = false;
+  c_status->add_flag("--json", status_json);
   bool markdown = false;
   c_env->add_flag("--markdown", markdown);
 
@@ -299,6 +359,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*c_gids) return print_gids(gid_ip);
+  if (*c_status) return print_status(sel.runtime_dir, status_json);
   if (*c_list) {
     std::string dir = sel.runtime_dir.empty() ? rnic::emu::control_runtime_dir() : sel.runtime_dir;
     for (const ControlSocketInfo& s : rnic::emu::find_control_sockets(dir, true)) {
