@@ -91,10 +91,8 @@ NOT_BUILT_YET_DAEMON = [e for e in NOT_BUILT_YET if 'rdma_cm cases' not in e[0]]
 # over the test id, regex the test's own output must show, exact number of tests). Each
 # such error must show its output, and the count must be the run's, or the run fails.
 NOT_BUILT_YET_ERRORS_DAEMON = [
-    # README support table: rdma_join_multicast[_ex] is EOPNOTSUPP (no UD multicast yet).
-    ('rdma_cm UD multicast (rdma_join_multicast: EOPNOTSUPP)',
-     r'^tests\.test_rdmacm\.CMTestCase\.test_rdmacm_async_(ex_)?(leave_)?multicast_traffic$',
-     r'Failed to Join multicast\. Errno: 95', 3),
+    # Empty: the rdma_cm multicast cases (test_rdmacm_async_*multicast_traffic) pass since UD
+    # multicast was built; a feature that regresses to an error fails the run.
 ]
 
 EXIT_BAD = 1
