@@ -112,6 +112,12 @@ TEST_F(Issue10Test, SendWithInvalidateOnOtherQpLeavesType2WindowBound) {
   EXPECT_EQ(rc[0].status, WcStatus::kRemInvReqErr) << wc_status_name(rc[0].status);
   EXPECT_FALSE(rc[0].wc_flags & kWcWithInv);
   EXPECT_EQ(mw->view().state, MwState::kValid) << "another QP's SEND_WITH_INV invalidated it";
+  // The responder pushes the error CQE, then moves the QP to ERR once the packet's processing
+  // ends (rxe: rxe_cq_post, then rxe_qp_error): a poller may see the CQE a moment before the
+  // state (seen once in CI under load: RTS).
+  for (int i = 0; i < 2000 && qs_->state() != QpState::kErr; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(qs_->state(), QpState::kErr);
 
   // The window still works through its own QP...
