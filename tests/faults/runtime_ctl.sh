@@ -9,7 +9,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 softrnic() { SOFTRNIC_CTL="$SOFTRNIC_CTL" "$launcher" "$@"; }
 port=${FAULTS_PORT:-19840}
-pp=(ibv_rc_pingpong -g 0 -c -s 4096 -n 3000)
+pp=(ibv_rc_pingpong -g 0 -c -s 4096 -n 8000)
 start_server srv 120 $port -- "${pp[@]}" || bad "server did not listen"
 srv_pid=$(pgrep -P "$spid" | head -1)
 sock="$SOFTRNIC_RUNTIME_DIR/softrnic0.$srv_pid.sock"
@@ -54,7 +54,9 @@ retries=$(( timeouts + $(stat "$work/srv_mid" local_ack_timeout_err) + $(stat "$
 out=$(softrnic fault clear "${sel[@]}" 2>&1) && ok "fault clear" || bad "fault clear: $out"
 out=$(softrnic fault list "${sel[@]}" 2>&1)
 [ -z "$out" ] && ok "fault list: empty after clear" || bad "fault list after clear: $out"
-# Sample the server's fault_dropped until it exits: the first and last sample must agree.
+# Sample the server's fault_dropped (once right after the clear, then until it exits): the
+# first and last sample must agree while more packets arrived. One sample after the first is
+# enough evidence; a fast machine may finish the run before a second.
 d1=$(softrnic stats "${sel[@]}" 2>/dev/null | awk '$1 == "fault_dropped" { print $2 }')
 s1=$(softrnic stats "${sel[@]}" 2>/dev/null | awk '$1 == "rcvd_pkts" { print $2 }')
 d2=""; s2=""; nsamp=0
@@ -65,7 +67,7 @@ while kill -0 "$spid" 2>/dev/null; do
   sleep 0.01
 done
 echo "after clear: server fault_dropped $d1 -> $d2, rcvd_pkts $s1 -> $s2 ($nsamp samples)"
-if [ -n "$d1" ] && [ -n "$d2" ] && [ "$nsamp" -ge 2 ] && [ "${s2:-0}" -gt "${s1:-0}" ]; then
+if [ -n "$d1" ] && [ -n "$d2" ] && [ "$nsamp" -ge 1 ] && [ "${s2:-0}" -gt "${s1:-0}" ]; then
   [ "$d1" = "$d2" ] && ok "no drops after clear while $((s2 - s1)) more packets arrived" \
     || bad "drops continued after clear ($d1 -> $d2)"
 else
