@@ -25,7 +25,7 @@ const VarDecl kVars[] = {
     {.name = "SOFTRNIC_NAME", .type = VarType::kName, .default_text = "`softrnic0`",
      .values = "1..63 characters of `[A-Za-z0-9_.-]`", .help = "device name", .reader = "shim",
      .empty_is_error = true,
-     .store = [](Config* c, const VarValue& v) { c->name = v.s; }},
+     .store = [](Config* c, const VarValue& v) { c->name = v.s; c->name_set = true; }},
     {.name = "SOFTRNIC_IP", .type = VarType::kIp,
      .default_text = "first free of 127.0.0.2..254",
      .values = "a unicast IPv4 or IPv6 address (link-local: `fe80::1%eth0`)",

@@ -60,6 +60,7 @@ inline constexpr uint32_t kDefaultSpinUs = 20;
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
   std::string name = "softrnic0";            // SOFTRNIC_NAME (shim)
+  bool name_set = false;                     // SOFTRNIC_NAME was given (daemon hosting picks by name)
   std::optional<std::string> ip;             // SOFTRNIC_IP as given, IPv4 or IPv6 (shim)
   uint32_t mtu = 0;                          // SOFTRNIC_MTU, 0 = from the interface (shim)
   GsoMode gso = GsoMode::kAuto;              // SOFTRNIC_GSO (shim)

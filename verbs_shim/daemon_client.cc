@@ -34,8 +34,7 @@ int daemon_find(const Config& cfg, DaemonDevice* out) {
   // SOFTRNIC_NAME picks a device by name, SOFTRNIC_IP by address; neither set means the
   // daemon's first. An address the daemon does not serve is not its device: ENOENT, so auto
   // hosting embeds a device on that address as it always has.
-  const char* want = std::getenv("SOFTRNIC_NAME");
-  const bool by_name = want != nullptr && *want != 0;
+  const bool by_name = cfg.name_set;
   for (uint32_t i = 0; i < devs.count; ++i) {
     devs.dev[i].name[sizeof devs.dev[i].name - 1] = 0;
     devs.dev[i].ip[sizeof devs.dev[i].ip - 1] = 0;
@@ -60,26 +59,24 @@ int daemon_find(const Config& cfg, DaemonDevice* out) {
 }
 
 int daemon_open_slot(DaemonDevice* dd, daemon::OpenedMsg* opened, std::vector<int>* fds) {
+  // Any bad answer leaves no descriptor behind.
+  auto fail = [fds](int err) {
+    for (int f : *fds) close(f);
+    fds->clear();
+    return err;
+  };
   daemon::OpenMsg m;
   daemon::init_msg(&m, daemon::MsgType::kOpen);
   m.index = dd->index;
   ssize_t r = daemon::call(dd->fd, &m, sizeof m, opened, sizeof *opened, fds, daemon::kMaxFds,
                            kTimeoutMs);
   if (r != static_cast<ssize_t>(sizeof *opened) || opened->h.type != uint32_t(daemon::MsgType::kOpened)) {
-    for (int f : *fds) close(f);
-    fds->clear();
-    return r < 0 ? int(-r) : EPROTO;
+    return fail(r < 0 ? int(-r) : EPROTO);
   }
-  if (opened->err != 0) {
-    for (int f : *fds) close(f);
-    fds->clear();
-    return opened->err;
-  }
+  if (opened->err != 0) return fail(opened->err);
   if (opened->slot == 0 || opened->slot > 255 || opened->side > 1 || opened->nfds == 0 ||
       fds->size() != size_t(opened->nfds) + opened->side) {
-    for (int f : *fds) close(f);
-    fds->clear();
-    return EPROTO;
+    return fail(EPROTO);
   }
   return 0;
 }
