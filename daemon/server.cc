@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/hash.h"
 #include "base/log.h"
 #include "emu/objects/device.h"
 #include "emu/services/control.h"
@@ -168,9 +169,8 @@ bool Server::add_device(const DeviceSpec& spec, size_t index, std::string* err) 
   std::snprintf(d.info.ip, sizeof d.info.ip, "%s", spec.ip.c_str());
   d.info.active_mtu = spec.active_mtu;
   // One node GUID for the device, whoever opens it.
-  uint64_t h = 1469598103934665603ull;
-  std::string seed = dc.name + "/" + spec.ip + "/" + std::to_string(getpid()) + "/" + std::to_string(now_ms());
-  for (unsigned char c : seed) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = base::fnv1a64(dc.name + "/" + spec.ip + "/" + std::to_string(getpid()) + "/" +
+                                   std::to_string(now_ms()));
   d.info.node_guid = (h & 0x0000ffffffffffffull) | 0x0200000000000000ull;
   for (const emu::GidEntry& g : probe->gids()) {
     wire::Endpoint e = g.addr;

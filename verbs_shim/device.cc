@@ -11,6 +11,7 @@
 #include <cstring>
 
 
+#include "base/hash.h"
 #include "verbs_shim/host.h"
 #include "verbs_shim/daemon_client.h"
 #include "verbs_shim/shim.h"
@@ -48,18 +49,10 @@ uint64_t device_guid(const std::string& name) {
     }
     return v ^ static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&v));
   }();
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= b[i];
-      h *= 1099511628211ull;
-    }
-  };
-  mix(name.data(), name.size());
+  uint64_t h = base::fnv1a64(name);
   const uint32_t pid = static_cast<uint32_t>(getpid());
-  mix(&pid, sizeof pid);
-  mix(&salt, sizeof salt);
+  h = base::fnv1a64(&pid, sizeof pid, h);
+  h = base::fnv1a64(&salt, sizeof salt, h);
   h = (h & 0x0000ffffffffffffull) | 0x0200000000000000ull;
   return h;
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "base/hash.h"
 #include "wire/byteorder.h"
 #include "wire/hdr.h"
 #include "wire/icrc.h"
@@ -35,15 +36,6 @@ uint64_t splitmix64(uint64_t& state) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 
 int dir_index(Direction d) { return d == Direction::kTx ? 0 : 1; }
@@ -160,7 +152,7 @@ FaultEngine::~FaultEngine() {
 
 void FaultEngine::reset_rule_locked(RuleState& rs) {
   // Stream derived from (seed, label): adding or removing other rules does not perturb it.
-  rs.rng = seed_ ^ fnv1a(rs.rule.label());
+  rs.rng = seed_ ^ base::fnv1a64(rs.rule.label());
   splitmix64(rs.rng);
   rs.matched = rs.nth_count = rs.fired = 0;
   rs.bh_active = false;

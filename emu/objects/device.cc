@@ -19,18 +19,11 @@
 #include <mutex>
 #include <random>
 
+#include "base/hash.h"
+
 namespace rnic::emu {
 
 namespace {
-
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 uint64_t seed_or_random(uint64_t seed, uint64_t salt) {
   if (seed != 0) return seed ^ salt;
@@ -256,14 +249,14 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
       return (uint64_t{rd()} << 32) ^ rd();
     }();
     const uint32_t pid = static_cast<uint32_t>(getpid());
-    uint64_t h = fnv1a64(cfg.name.data(), cfg.name.size());
+    uint64_t h = base::fnv1a64(cfg.name);
     if (ip->ipv6) {
-      h = fnv1a64(ip->addr, 16, h);
+      h = base::fnv1a64(ip->addr, 16, h);
     } else {
-      h = fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
+      h = base::fnv1a64(&d->ipv4_, sizeof(d->ipv4_), h);
     }
-    h = fnv1a64(&pid, sizeof pid, h);
-    h = fnv1a64(&salt, sizeof salt, h);
+    h = base::fnv1a64(&pid, sizeof pid, h);
+    h = base::fnv1a64(&salt, sizeof salt, h);
     guid = h;
   }
   guid = (guid & ~(uint64_t{0xFF} << 56)) |

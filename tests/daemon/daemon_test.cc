@@ -464,7 +464,18 @@ TEST(Daemon, CrashLoop) {
     v.send("stream a win 4096");
     s.send("stream s win 4096");
     ASSERT_EQ(v.read(), "ok started");
-    ASSERT_EQ(s.read(), "ok started");
+    const std::string s_started = s.read();
+    if (s_started != "ok started") {
+      // Both processes' counters, to tell a scheduling stall from a drop.
+      for (auto [who, pid] : {std::pair{"victim", v.pid()}, std::pair{"survivor", s.pid()}}) {
+        std::string line;
+        for (auto& [k, n] : stats(d, pid)) {
+          if (n != 0) line += " " + k + "=" + std::to_string(n);
+        }
+        std::printf("%s pid %d:%s\n", who, int(pid), line.c_str());
+      }
+    }
+    ASSERT_EQ(s_started, "ok started");
     const uint64_t t0 = mono_ms();
     v.kill9();
     auto w = words(s.read(10000));
