@@ -183,8 +183,7 @@ bool Server::add_device(const DeviceSpec& spec, size_t index, std::string* err) 
     return false;
   }
   // GSO batches are safe only where they are never cut (docs/wire.md §4): loopback.
-  emu::Result<emu::NetIf> nif = emu::interface_of(spec.ip);
-  d.gso = spec.ip.rfind("127.", 0) == 0 || (nif && nif->loopback);
+  d.gso = emu::ip_on_loopback(spec.ip);
   d.info.gso = d.gso ? 1 : 0;
   d.info.nfds = static_cast<uint32_t>(d.addrs.size());
   wire::UdpPortOptions o;

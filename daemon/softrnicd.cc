@@ -26,6 +26,7 @@
 
 #include "base/log.h"
 #include "daemon/server.h"
+#include "wire/udp_port.h"
 
 namespace {
 
@@ -150,16 +151,8 @@ int main(int argc, char** argv) {
   if (ips.empty()) {
     // As embedded hosting: the first loopback address from 127.0.0.2 whose port 4791 is free.
     for (uint32_t a = 0x7f000002u; a < 0x7f0000ffu && ips.empty(); ++a) {
-      int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      sockaddr_in sa{};
-      sa.sin_family = AF_INET;
-      sa.sin_port = htons(4791);
-      sa.sin_addr.s_addr = htonl(a);
-      if (s >= 0 && bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
-        char b[INET_ADDRSTRLEN];
-        ips.push_back(inet_ntop(AF_INET, &sa.sin_addr, b, sizeof b));
-      }
-      if (s >= 0) close(s);
+      rnic::wire::Endpoint ep = rnic::wire::Endpoint::v4(a, rnic::wire::kRoceUdpPort);
+      if (rnic::wire::probe_bind(ep) == 0) ips.push_back(ep.ip_string());
     }
     if (ips.empty()) {
       std::fprintf(stderr, "softrnicd: no free loopback address for UDP 4791 from 127.0.0.2\n");

@@ -52,35 +52,16 @@ void atfork_child() {
   g_host_mu.unlock();
 }
 
-// Tries to bind UDP 4791 on `ip` (IPv4 or IPv6); returns 0 if the address is free (socket
-// closed again), else the errno (EADDRINUSE when another device holds it).
+// 0 if UDP 4791 on `ip` (IPv4 or IPv6) is free, else the errno (wire::probe_bind).
 int probe_bind(const std::string& ip) {
-  std::optional<wire::Endpoint> ep = wire::Endpoint::parse(ip, 4791);
-  if (!ep) return EINVAL;
-  int s = socket(ep->ipv6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return errno;
-  int one = 1;
-  if (ep->ipv6) (void)setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-  sockaddr_storage ss;
-  socklen_t len = ep->to_sockaddr(&ss);
-  int rc = bind(s, reinterpret_cast<sockaddr*>(&ss), len) == 0 ? 0 : errno;
-  close(s);
-  return rc;
+  std::optional<wire::Endpoint> ep = wire::Endpoint::parse(ip, wire::kRoceUdpPort);
+  return ep ? wire::probe_bind(*ep) : EINVAL;
 }
 
 std::string ip_str(in_addr ip) {
   char b[INET_ADDRSTRLEN] = {};
   inet_ntop(AF_INET, &ip, b, sizeof b);
   return b;
-}
-
-// True when `ip` lives on a loopback interface (IFF_LOOPBACK: its own address, else the
-// subnet of one of its addresses, as 127.0.0.2 on lo's 127.0.0.1/8). Only there is a UDP GSO
-// batch never cut into datagrams (docs/wire.md §4).
-bool ip_on_loopback(const std::string& ip) {
-  if (ip.rfind("127.", 0) == 0) return true;
-  emu::Result<emu::NetIf> nif = emu::interface_of(ip);
-  return nif && nif->loopback;
 }
 
 // EngineConfig::gso from SOFTRNIC_GSO: auto sends GSO batches only where the IP is on a
@@ -93,7 +74,7 @@ bool gso_for(base::GsoMode mode, const std::string& ip) {
     case base::GsoMode::kOff: return false;
     case base::GsoMode::kAuto: break;
   }
-  return ip_on_loopback(ip);
+  return emu::ip_on_loopback(ip);
 }
 
 // Translates one emu event into the verbs event of the context that owns the object.

@@ -632,4 +632,16 @@ int UdpPort::recv_fd(int fd, const Endpoint& local, std::span<RxDesc> descs) {
   return int(total);
 }
 
+int probe_bind(const Endpoint& ep) {
+  int s = socket(ep.ipv6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  int one = 1;
+  if (ep.ipv6) (void)setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  sockaddr_storage ss;
+  socklen_t len = ep.to_sockaddr(&ss);
+  int rc = bind(s, reinterpret_cast<sockaddr*>(&ss), len) == 0 ? 0 : errno;
+  close(s);
+  return rc;
+}
+
 }  // namespace rnic::wire

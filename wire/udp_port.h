@@ -160,4 +160,8 @@ class UdpPort final : public Port {
   std::unique_ptr<RxScratch> rx_;
 };
 
+// Tries to bind a UDP socket on `ep` (IPv6 sockets v6-only) and closes it again: 0 if the
+// address and port are free, else the errno (EADDRINUSE when another device holds it).
+int probe_bind(const Endpoint& ep);
+
 }  // namespace rnic::wire

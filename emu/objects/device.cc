@@ -80,6 +80,12 @@ int gid_rank(const wire::Endpoint& e) { return !e.ipv6 ? -1 : e.link_local() ? 1
 
 }  // namespace
 
+bool ip_on_loopback(const std::string& ip) {
+  if (ip.rfind("127.", 0) == 0) return true;
+  Result<NetIf> nif = interface_of(ip);
+  return nif && nif->loopback;
+}
+
 Result<NetIf> interface_of(const std::string& ip) {
   std::optional<wire::Endpoint> want = wire::Endpoint::parse(ip, 0);
   if (!want) return Errc::kInval;

@@ -157,6 +157,10 @@ struct NetIf {
 // The interface that carries `ip` (IPv4 or IPv6, "fe80::1%eth0" allowed): the exact address,
 // else (IPv4) the interface whose subnet contains it, e.g. lo for 127.0.0.2. ENODEV if none.
 Result<NetIf> interface_of(const std::string& ip);
+// True when `ip` lives on a loopback interface (IFF_LOOPBACK: its own address, else the
+// subnet of one of its addresses, as 127.0.0.2 on lo's 127.0.0.1/8). Only there is a UDP GSO
+// batch never cut into datagrams (docs/wire.md §4).
+bool ip_on_loopback(const std::string& ip);
 // The device's GID table (all RoCE v2): index 0 is `primary` (IPv4-mapped ::ffff:a.b.c.d for
 // IPv4); then, unless the interface is a loopback one (whose addresses every device on the
 // host shares), the interface's IPv6 addresses: global, then link-local, each group in the
