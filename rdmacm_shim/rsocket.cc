@@ -859,7 +859,9 @@ short poll_rs(Rs* r, short events) {
     case St::kClosedByPeer:
       if (have_rdata(r) || !r->readable) rev |= POLLIN;
       if (r->st == St::kConnected && r->writable && can_send(r)) rev |= POLLOUT;
-      if (r->st == St::kClosedByPeer) rev |= POLLHUP;
+      // POLLHUP once the data that came before the peer's disconnect is read (rstream -T a
+      // stops at the first POLLHUP; the peer's DISCONNECT often lands with its last data).
+      if (r->st == St::kClosedByPeer && !have_rdata(r)) rev |= POLLHUP;
       break;
     case St::kError:
       rev |= POLLERR | POLLHUP;
