@@ -124,7 +124,7 @@ struct Rs {
   ibv_pd* pd = nullptr;
   ibv_comp_channel* cc = nullptr;
   ibv_cq* cq = nullptr;
-  bool cq_armed = false;
+  bool cm_gone = false;  // DISCONNECTED seen
   uint8_t* sbuf = nullptr;
   uint8_t* rbuf = nullptr;
   uint8_t* tbuf = nullptr;  // target: kSglSize WireSge then iomap_size WireIomap
@@ -488,6 +488,7 @@ void handle_cm_events(Rs* r) {
         break;
       case RDMA_CM_EVENT_DISCONNECTED:
       case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        r->cm_gone = true;
         if (r->st == St::kConnected) {
           progress(r);  // take what the peer wrote before it left
           r->st = St::kClosedByPeer;
@@ -1045,6 +1046,8 @@ namespace {
 void drain_sends(Rs* r, std::unique_lock<std::mutex>& lk) {
   int64_t end = now_ms() + 2000;
   while (r->cq && (r->ctrl_avail < kCtrlSlots || r->sqe_avail < r->sq_size - kCtrlSlots) && now_ms() < end) {
+    handle_cm_events(r);
+    if (r->cm_gone) break;  // the peer disconnected: what is left will not complete
     progress(r);
     if (r->ctrl_avail == kCtrlSlots && r->sqe_avail == r->sq_size - kCtrlSlots) break;
     wait_any(r, lk, 50);
@@ -1100,6 +1103,8 @@ RDMACM_EXPORT int rclose(int socket) {
   }
   {
     std::unique_lock<std::mutex> lk(r->mu);
+    handle_cm_events(r);
+    progress(r);  // the peer may have gone already: then there is nothing to tell it
     if (r->st == St::kConnected) shutdown_locked(r, lk, SHUT_RDWR);
     if (r->cq) rdma_disconnect(r->id);
     for (auto& q : r->reqs) {
