@@ -11,8 +11,8 @@
 # the client starts once the daemon's socket is up and a client of it has claimed a CM
 # service ID (the server's rdma_listen, from the daemon's status), and its sanitizer reports
 # and exit status count as the programs' do.
-# --env: set for both programs only (e.g. LD_PRELOAD=librspreload.so: in the asan
-# configuration launch.sh puts the sanitizer runtime ahead of it).
+# --env: set for both programs' launches (e.g. SOFTRNIC_TEST_EXTRA_PRELOAD=librspreload.so,
+# which launch.sh preloads into the program only).
 # @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
 # match (--count RE N: the client's output has at least N lines matching RE, and so does the
 # server's with --server-count). rdma_cm uses no TCP port: the client starts once the
