@@ -398,8 +398,9 @@ void mark_dead(Rs* r, int e) {
   r->readable = false;
 }
 
-// Polls the CQ until empty and handles CM events; never blocks. REQUIRES r->mu.
-void progress(Rs* r);
+// Polls the CQ until empty (and gives credits); never blocks. Returns the completions it
+// took. REQUIRES r->mu.
+int progress(Rs* r);
 
 void handle_cm_events(Rs* r) {
   rdma_cm_event* ev = nullptr;
@@ -502,11 +503,13 @@ void handle_cm_events(Rs* r) {
   }
 }
 
-void progress(Rs* r) {
+int progress(Rs* r) {
+  int taken = 0;
   if (r->cq != nullptr) {
     ibv_wc wc[32];
     int n;
     while ((n = ibv_poll_cq(r->cq, 32, wc)) > 0) {
+      taken += n;
       for (int i = 0; i < n; ++i) {
         const ibv_wc& w = wc[i];
         if (w.wr_id == kRecvWrId) {
@@ -559,6 +562,7 @@ void progress(Rs* r) {
     }
     while (r->st == St::kConnected && give_credits(r)) send_credits(r);
   }
+  return taken;
 }
 
 // Waits (r->mu released) until the CQ or the CM channel has something, or timeout_ms
@@ -569,7 +573,9 @@ int wait_any(Rs* r, std::unique_lock<std::mutex>& lk, int timeout_ms) {
   p[n++] = {r->fd, POLLIN, 0};
   if (r->cq) {
     ibv_req_notify_cq(r->cq, 0);
-    progress(r);  // a completion that came before the arm
+    // A completion that came between the caller's check and the arm raises no event: the
+    // caller must look again before sleeping.
+    if (progress(r) > 0) return 0;
     p[n++] = {r->cc->fd, POLLIN, 0};
   }
   lk.unlock();
