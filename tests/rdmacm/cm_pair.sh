@@ -3,7 +3,7 @@
 # processes each with its own softrnic device (SOFTRNIC_IP = distinct loopback addresses),
 # both through scripts/softrnic run (tests/shim/launch.sh), with timeouts.
 #   cm_pair.sh [--preload] [--expect RE] [--server-expect RE] [--count RE N] [--timeout S]
-#              [--no-retry] [--settle S] [--daemon]
+#              [--no-retry] [--settle S] [--daemon] [--env NAME=VALUE]...
 #              SERVER_IP CLIENT_IP -- SERVER_CMD... --client-- CLIENT_CMD...
 # (either IP may be "auto": a free random 127.64-127.127 address).
 # --daemon: one softrnicd (SOFTRNICD, its own runtime dir, --ip SERVER_IP) hosts the device of
@@ -11,6 +11,8 @@
 # the client starts once the daemon's socket is up and a client of it has claimed a CM
 # service ID (the server's rdma_listen, from the daemon's status), and its sanitizer reports
 # and exit status count as the programs' do.
+# --env: set for both programs' launches (e.g. SOFTRNIC_TEST_EXTRA_PRELOAD=librspreload.so,
+# which launch.sh preloads into the program only).
 # @SIP@ in either command is replaced by SERVER_IP. Passes when both exit 0 and the outputs
 # match (--count RE N: the client's output has at least N lines matching RE, and so does the
 # server's with --server-count). rdma_cm uses no TCP port: the client starts once the
@@ -32,6 +34,7 @@ tmo=60
 tries=3
 settle=1
 daemon=0
+progenv=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) mode=(--preload); shift ;;
@@ -43,6 +46,7 @@ while [ $# -gt 0 ]; do
     --no-retry) tries=1; shift ;;
     --settle) settle="$2"; shift 2 ;;
     --daemon) daemon=1; shift ;;
+    --env) progenv+=("$2"); shift 2 ;;
     *) break ;;
   esac
 done
@@ -104,7 +108,7 @@ if [ "$daemon" = 1 ]; then
   export SOFTRNIC_HOSTING=daemon
 fi
 
-SOFTRNIC_IP="$sip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${server[@]}" >"$work/server.out" 2>&1 &
+env "${progenv[@]}" SOFTRNIC_IP="$sip" timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "${server[@]}" >"$work/server.out" 2>&1 &
 spid=$!
 up=0
 for _ in $(seq 1 200); do
@@ -132,7 +136,7 @@ fi
 for try in $(seq 1 "$tries"); do
   # nice: on a loaded machine the server must reach its rdma_listen first (perftest -R
   # listens twice, and a REQ that beats the second listen is rejected).
-  SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" nice -n 5 "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
+  env "${progenv[@]}" SOFTRNIC_IP="$cip" timeout -k 5 "$tmo" nice -n 5 "$launch" "${mode[@]}" -- "${client[@]}" >"$work/client.out" 2>&1
   crc=$?
   [ "$try" -lt "$tries" ] && [ "$crc" -ne 0 ] && grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && kill -0 "$spid" 2>/dev/null || break
   echo "note: try $try: the server was not listening yet (REJECTED 8); trying again"

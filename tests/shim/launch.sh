@@ -16,6 +16,14 @@ launcher="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/softrnic"
 opts=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
+# SOFTRNIC_TEST_EXTRA_PRELOAD: a library preloaded into PROGRAM only, last (e.g. Debian's
+# librspreload.so, whose librdmacm.so.1 is ours: in the asan configuration it must not load
+# into this shell or the launcher, which have no ASan runtime first).
+extra="${SOFTRNIC_TEST_EXTRA_PRELOAD:-}"
+unset SOFTRNIC_TEST_EXTRA_PRELOAD
+if [ -n "$extra" ]; then
+  set -- /bin/sh -c 'LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD }$0"; export LD_PRELOAD; exec "$@"' "$extra" "$@"
+fi
 if [ -z "${SOFTRNIC_TEST_PRELOAD:-}" ]; then
   exec "$launcher" run "${opts[@]}" -- "$@"
 fi

@@ -1,0 +1,436 @@
+// rsockets (rdmacm_shim/rsocket.cc) in one process: both ends on the process's own device
+// (SOFTRNIC_IP, a random free loopback address). Errnos of the socket-like API, data
+// integrity through the receive ring (sizes crossing the ring halves and the 64 KiB
+// transfer limit), iovecs, MSG_PEEK / MSG_WAITALL, non-blocking connect + rpoll over
+// rsockets mixed with a pipe, rselect, socket options, riomap/riowrite, and a peer's close
+// mid-stream (EOF after the data it sent, then ECONNRESET on send).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <rdma/rsocket.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+const bool kIpChosen = [] {
+  if (std::getenv("SOFTRNIC_IP") != nullptr) return true;
+  std::srand(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (int i = 0; i < 200; ++i) {
+    char ip[32];
+    std::snprintf(ip, sizeof ip, "127.%d.%d.%d", 64 + std::rand() % 64, std::rand() % 256, 2 + std::rand() % 250);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(4791);
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    bool ok = bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    close(s);
+    if (ok) {
+      setenv("SOFTRNIC_IP", ip, 1);
+      return true;
+    }
+  }
+  return false;
+}();
+
+sockaddr_in addr4(uint16_t port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  inet_pton(AF_INET, std::getenv("SOFTRNIC_IP"), &sa.sin_addr);
+  return sa;
+}
+sockaddr* sa(sockaddr_in& s) { return reinterpret_cast<sockaddr*>(&s); }
+
+uint16_t next_port() {
+  static std::atomic<int> p{20000 + static_cast<int>(getpid() % 20000)};
+  return static_cast<uint16_t>(p++);
+}
+
+// A listener and a connected pair (client, accepted server side).
+struct Pair {
+  int lfd = -1, cfd = -1, sfd = -1;
+  bool ok = false;
+  explicit Pair(int iomap = 0) {
+    uint16_t port = next_port();
+    sockaddr_in a = addr4(port);
+    lfd = rsocket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0) return;
+    int one = 1;
+    rsetsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (iomap) rsetsockopt(lfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
+    if (rbind(lfd, sa(a), sizeof a) != 0 || rlisten(lfd, 4) != 0) return;
+    cfd = rsocket(AF_INET, SOCK_STREAM, 0);
+    if (cfd < 0) return;
+    if (iomap) rsetsockopt(cfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
+    std::thread t([&] { sfd = raccept(lfd, nullptr, nullptr); });
+    int rc = rconnect(cfd, sa(a), sizeof a);
+    t.join();
+    ok = rc == 0 && sfd >= 0;
+  }
+  ~Pair() {
+    for (int fd : {cfd, sfd, lfd})
+      if (fd >= 0) rclose(fd);
+  }
+};
+
+// Fills a pattern that depends on the offset, so misplaced bytes show.
+void pattern(std::vector<uint8_t>& v, uint32_t seed) {
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>((i * 131 + seed) ^ (i >> 9));
+}
+
+ssize_t recv_all(int fd, uint8_t* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = rrecv(fd, p + got, n - got, 0);
+    if (r <= 0) return r;
+    got += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(got);
+}
+
+TEST(Rsocket, ErrnosWithoutConnection) {
+  ASSERT_TRUE(kIpChosen);
+  char b[4] = {};
+  errno = 0;
+  EXPECT_EQ(rsend(12345, b, 1, 0), -1);
+  EXPECT_EQ(errno, EBADF);
+  errno = 0;
+  EXPECT_EQ(rrecv(-1, b, 1, 0), -1);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(rclose(12345), -1);
+  EXPECT_EQ(errno, EBADF);
+  // A plain descriptor is not an rsocket.
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  EXPECT_EQ(rrecv(p[0], b, 1, 0), -1);
+  EXPECT_EQ(errno, EBADF);
+  close(p[0]);
+  close(p[1]);
+
+  EXPECT_EQ(rsocket(AF_UNIX, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+
+  int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(rsend(fd, b, 1, 0), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  EXPECT_EQ(rrecv(fd, b, 1, 0), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  EXPECT_EQ(rshutdown(fd, SHUT_RDWR), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  sockaddr_in peer{};
+  socklen_t len = sizeof peer;
+  EXPECT_EQ(rgetpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  EXPECT_EQ(raccept(fd, nullptr, nullptr), -1);  // not listening
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rbind(fd, nullptr, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+  int v = 1;
+  EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, 2), -1);  // short optlen
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rsetsockopt(fd, 12345, 1, &v, sizeof v), -1);
+  EXPECT_EQ(errno, ENOPROTOOPT);
+  EXPECT_EQ(riomap(fd, b, sizeof b, PROT_WRITE, 0, 0), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  EXPECT_EQ(rclose(fd), 0);
+  EXPECT_EQ(rsend(fd, b, 1, 0), -1);  // closed
+  EXPECT_EQ(errno, EBADF);
+}
+
+TEST(Rsocket, SocketOptions) {
+  int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  int v = 1;
+  socklen_t l = sizeof v;
+  EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof v), 0);
+  EXPECT_EQ(rsetsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v), 0);
+  EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &v, sizeof v), 0);
+  v = 0;
+  EXPECT_EQ(rgetsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, &l), 0);
+  EXPECT_EQ(v, 1);
+  EXPECT_EQ(rgetsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l), 0);
+  EXPECT_EQ(v, 1);
+  v = 1 << 16;
+  EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v), 0);
+  EXPECT_EQ(rgetsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, &l), 0);
+  EXPECT_EQ(v, 1 << 17);  // doubled, as Linux and librdmacm report it
+  v = 100;
+  EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_SQSIZE, &v, sizeof v), 0);
+  EXPECT_EQ(rgetsockopt(fd, SOL_RDMA, RDMA_SQSIZE, &v, &l), 0);
+  EXPECT_EQ(v, 100);
+  v = 32;
+  EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_INLINE, &v, sizeof v), 0);
+  EXPECT_EQ(rgetsockopt(fd, SOL_RDMA, RDMA_INLINE, &v, &l), 0);
+  EXPECT_EQ(v, 32);
+  linger lg{1, 5}, lg2{};
+  socklen_t ll = sizeof lg2;
+  EXPECT_EQ(rsetsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+  EXPECT_EQ(rgetsockopt(fd, SOL_SOCKET, SO_LINGER, &lg2, &ll), 0);
+  EXPECT_EQ(lg2.l_onoff, 1);
+  EXPECT_EQ(lg2.l_linger, 5);
+  EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_ROUTE, &v, sizeof v), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(rfcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+  EXPECT_EQ(rfcntl(fd, F_SETFL, O_NONBLOCK), 0);
+  EXPECT_NE(rfcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+  EXPECT_EQ(rclose(fd), 0);
+}
+
+TEST(Rsocket, DataIntegrityAndAddresses) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  sockaddr_in a{}, b{};
+  socklen_t la = sizeof a, lb = sizeof b;
+  ASSERT_EQ(rgetsockname(p.cfd, reinterpret_cast<sockaddr*>(&a), &la), 0);
+  ASSERT_EQ(rgetpeername(p.sfd, reinterpret_cast<sockaddr*>(&b), &lb), 0);
+  EXPECT_EQ(a.sin_family, AF_INET);
+  EXPECT_EQ(a.sin_addr.s_addr, b.sin_addr.s_addr);
+  EXPECT_EQ(a.sin_port, b.sin_port);
+  // Sizes: tiny (inline), odd, > 64 KiB (several writes), > the 64 KiB ring half.
+  for (size_t n : {size_t{1}, size_t{63}, size_t{4097}, size_t{65537}, size_t{300001}}) {
+    std::vector<uint8_t> out(n), in(n, 0);
+    pattern(out, static_cast<uint32_t>(n));
+    size_t sent = 0;
+    std::thread rx([&] { EXPECT_EQ(recv_all(p.sfd, in.data(), n), static_cast<ssize_t>(n)); });
+    while (sent < n) {
+      ssize_t r = rsend(p.cfd, out.data() + sent, n - sent, 0);
+      ASSERT_GT(r, 0) << strerror(errno);
+      sent += static_cast<size_t>(r);
+    }
+    rx.join();
+    EXPECT_EQ(in, out) << n;
+  }
+  // The other direction, iovecs both ways, MSG_PEEK, MSG_WAITALL.
+  char h[] = "head-", t[] = "tail";
+  iovec iv[2] = {{h, 5}, {t, 4}};
+  ASSERT_EQ(rwritev(p.sfd, iv, 2), 9);
+  char pk[4] = {};
+  ASSERT_EQ(rrecv(p.cfd, pk, 4, MSG_PEEK), 4);
+  EXPECT_EQ(std::string(pk, 4), "head");
+  char r1[3] = {}, r2[6] = {};
+  iovec ov[2] = {{r1, 3}, {r2, 6}};
+  ASSERT_EQ(rreadv(p.cfd, ov, 2), 9);
+  EXPECT_EQ(std::string(r1, 3) + std::string(r2, 6), "head-tail");
+  std::thread late([&] {
+    usleep(50000);
+    rwrite(p.sfd, "abc", 3);
+    usleep(50000);
+    rwrite(p.sfd, "def", 3);
+  });
+  char w[6];
+  EXPECT_EQ(rrecv(p.cfd, w, 6, MSG_WAITALL), 6);
+  late.join();
+  EXPECT_EQ(std::string(w, 6), "abcdef");
+  msghdr m{};
+  char mb[5] = "msg!";
+  iovec mv{mb, 4};
+  m.msg_iov = &mv;
+  m.msg_iovlen = 1;
+  ASSERT_EQ(rsendmsg(p.cfd, &m, 0), 4);
+  char rb[4];
+  iovec rv{rb, 4};
+  msghdr rm{};
+  rm.msg_iov = &rv;
+  rm.msg_iovlen = 1;
+  ASSERT_EQ(rrecvmsg(p.sfd, &rm, 0), 4);
+  EXPECT_EQ(std::string(rb, 4), "msg!");
+  // rsendto with an address on a connected stream: EISCONN.
+  EXPECT_EQ(rsendto(p.cfd, "x", 1, 0, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, EISCONN);
+}
+
+TEST(Rsocket, NonblockingAndPoll) {
+  uint16_t port = next_port();
+  sockaddr_in a = addr4(port);
+  int lfd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(lfd, 0);
+  ASSERT_EQ(rbind(lfd, sa(a), sizeof a), 0);
+  ASSERT_EQ(rlisten(lfd, 2), 0);
+  ASSERT_EQ(rfcntl(lfd, F_SETFL, O_NONBLOCK), 0);
+  EXPECT_EQ(raccept(lfd, nullptr, nullptr), -1);  // nobody connecting yet
+  EXPECT_EQ(errno, EAGAIN);
+  int cfd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(cfd, 0);
+  ASSERT_EQ(rfcntl(cfd, F_SETFL, O_NONBLOCK), 0);
+  int rc = rconnect(cfd, sa(a), sizeof a);
+  ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << strerror(errno);
+  // The listener turns readable, the connecting socket writable; a pipe in the same set.
+  int pp[2];
+  ASSERT_EQ(pipe(pp), 0);
+  int sfd = -1;
+  bool connected = rc == 0;
+  for (int i = 0; i < 200 && (sfd < 0 || !connected); ++i) {
+    pollfd f[3] = {{lfd, POLLIN, 0}, {cfd, POLLOUT, 0}, {pp[0], POLLIN, 0}};
+    ASSERT_GE(rpoll(f, 3, 100), 0);
+    EXPECT_EQ(f[2].revents, 0);
+    if (f[0].revents & POLLIN) sfd = raccept(lfd, nullptr, nullptr);
+    if (f[1].revents & POLLOUT) connected = true;
+  }
+  ASSERT_GE(sfd, 0);
+  ASSERT_TRUE(connected);
+  int err = -1;
+  socklen_t el = sizeof err;
+  EXPECT_EQ(rgetsockopt(cfd, SOL_SOCKET, SO_ERROR, &err, &el), 0);
+  EXPECT_EQ(err, 0);
+  EXPECT_EQ(rconnect(cfd, sa(a), sizeof a), -1);
+  EXPECT_EQ(errno, EISCONN);
+  // Nothing to read: EAGAIN (MSG_DONTWAIT on a blocking socket too).
+  char b[8];
+  EXPECT_EQ(rrecv(cfd, b, sizeof b, 0), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(rrecv(sfd, b, sizeof b, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  // rpoll: the pipe alone is ready, then the rsocket.
+  ASSERT_EQ(write(pp[1], "p", 1), 1);
+  pollfd f[2] = {{sfd, POLLIN, 0}, {pp[0], POLLIN, 0}};
+  EXPECT_EQ(rpoll(f, 2, 1000), 1);
+  EXPECT_EQ(f[0].revents, 0);
+  EXPECT_NE(f[1].revents & POLLIN, 0);
+  ASSERT_EQ(rsend(cfd, "hello", 5, 0), 5);
+  f[1].fd = -1;
+  EXPECT_EQ(rpoll(f, 2, 5000), 1);
+  EXPECT_NE(f[0].revents & POLLIN, 0);
+  // rselect sees the rsocket and the pipe.
+  fd_set rs;
+  FD_ZERO(&rs);
+  FD_SET(sfd, &rs);
+  FD_SET(pp[0], &rs);
+  timeval tv{2, 0};
+  EXPECT_EQ(rselect(std::max(sfd, pp[0]) + 1, &rs, nullptr, nullptr, &tv), 2);
+  EXPECT_TRUE(FD_ISSET(sfd, &rs));
+  EXPECT_TRUE(FD_ISSET(pp[0], &rs));
+  EXPECT_EQ(rrecv(sfd, b, sizeof b, 0), 5);
+  // A full pipe: the sender stops with EAGAIN once the peer's ring and credits are used up.
+  std::vector<uint8_t> big(1 << 16, 7);
+  size_t total = 0;
+  ssize_t r;
+  int guard = 0;
+  while ((r = rsend(cfd, big.data(), big.size(), 0)) > 0 && ++guard < 1000) total += static_cast<size_t>(r);
+  EXPECT_EQ(r, -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_GT(total, 0u);
+  // Drain it all on the other side: every byte arrives.
+  size_t got = 0;
+  std::vector<uint8_t> in(1 << 16);
+  for (int i = 0; i < 2000 && got < total; ++i) {
+    pollfd q{sfd, POLLIN, 0};
+    rpoll(&q, 1, 100);
+    ssize_t n = rrecv(sfd, in.data(), in.size(), 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(got, total);
+  close(pp[0]);
+  close(pp[1]);
+  rclose(cfd);
+  rclose(sfd);
+  rclose(lfd);
+}
+
+TEST(Rsocket, ConnectToNoListenerIsRefused) {
+  int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a = addr4(next_port());
+  EXPECT_EQ(rconnect(fd, sa(a), sizeof a), -1);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  rclose(fd);
+}
+
+TEST(Rsocket, PeerCloseMidStream) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  std::vector<uint8_t> out(100000);
+  pattern(out, 3);
+  size_t sent = 0;
+  std::thread rx([&] {
+    std::vector<uint8_t> in(out.size());
+    EXPECT_EQ(recv_all(p.sfd, in.data(), in.size()), static_cast<ssize_t>(in.size()));
+    EXPECT_EQ(in, out);
+    char c;
+    EXPECT_EQ(rrecv(p.sfd, &c, 1, 0), 0);  // EOF after the data
+    EXPECT_EQ(rrecv(p.sfd, &c, 1, 0), 0);
+    pollfd f{p.sfd, POLLIN, 0};
+    EXPECT_EQ(rpoll(&f, 1, 1000), 1);
+    EXPECT_NE(f.revents & (POLLIN | POLLHUP), 0);
+    // Writing to a peer that closed: ECONNRESET.
+    ssize_t r = rsend(p.sfd, "x", 1, 0);
+    EXPECT_EQ(r, -1);
+    EXPECT_EQ(errno, ECONNRESET);
+  });
+  while (sent < out.size()) {
+    ssize_t r = rsend(p.cfd, out.data() + sent, out.size() - sent, 0);
+    ASSERT_GT(r, 0);
+    sent += static_cast<size_t>(r);
+  }
+  EXPECT_EQ(rclose(p.cfd), 0);
+  p.cfd = -1;
+  rx.join();
+}
+
+TEST(Rsocket, ShutdownWrGivesEofButKeepsTheOtherDirection) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  ASSERT_EQ(rsend(p.cfd, "bye", 3, 0), 3);
+  ASSERT_EQ(rshutdown(p.cfd, SHUT_WR), 0);
+  EXPECT_EQ(rsend(p.cfd, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+  char b[8];
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(b), 3), 3);
+  EXPECT_EQ(rrecv(p.sfd, b, sizeof b, 0), 0);
+  ASSERT_EQ(rsend(p.sfd, "back", 4, 0), 4);  // the server can still write
+  ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(b), 4), 4);
+  EXPECT_EQ(std::string(b, 4), "back");
+}
+
+TEST(Rsocket, IomapAndIowrite) {
+  Pair p(1);
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  std::vector<uint8_t> target(200000, 0), src(target.size());
+  pattern(src, 9);
+  ASSERT_EQ(riomap(p.sfd, target.data(), target.size(), PROT_WRITE, 0, 0), 0);
+  // The mapping announcement travels ahead of this message.
+  ASSERT_EQ(rsend(p.sfd, "go", 2, 0), 2);
+  char b[2];
+  ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(b), 2), 2);
+  // Only one slot (RDMA_IOMAPSIZE 1): a second PROT_WRITE mapping has no room.
+  std::vector<uint8_t> other(64);
+  EXPECT_EQ(riomap(p.sfd, other.data(), other.size(), PROT_WRITE, 0, 4096), -1);
+  EXPECT_EQ(errno, ENOMEM);
+  size_t off = 0;
+  while (off < src.size()) {
+    size_t n = riowrite(p.cfd, src.data() + off, src.size() - off, static_cast<off_t>(off), 0);
+    ASSERT_NE(n, static_cast<size_t>(-1)) << strerror(errno);
+    ASSERT_GT(n, 0u);
+    off += n;
+  }
+  // Past the mapped range: EINVAL.
+  EXPECT_EQ(riowrite(p.cfd, src.data(), 1, static_cast<off_t>(target.size()), 0), static_cast<size_t>(-1));
+  EXPECT_EQ(errno, EINVAL);
+  // A message after the writes arrives after them (one RC QP, in order).
+  ASSERT_EQ(rsend(p.cfd, "ok", 2, 0), 2);
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(b), 2), 2);
+  EXPECT_EQ(target, src);
+  EXPECT_EQ(riounmap(p.sfd, target.data(), target.size()), 0);
+  EXPECT_EQ(riounmap(p.sfd, target.data(), target.size()), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+}  // namespace
