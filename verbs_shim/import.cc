@@ -17,8 +17,9 @@
 //   either is the same. Lifetime: while an import lives, dealloc_pd / dereg_mr / free_dm of
 //   the original fail with EBUSY (the import holds a use count, so the original can never
 //   disappear under it); ibv_unimport_* — or dealloc/dereg/free of the import itself, which
-//   releases only the import — and the importing context's close release it. Unimport of an
-//   object that was not imported is ignored.
+//   releases only the import — and the importing context's close release it (an imported
+//   PD's memory stays until that close: objects created on it still point to it). Unimport of
+//   an object that was not imported is ignored.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,9 +114,10 @@ void unimport_pd(Pd* p) {
   {
     std::lock_guard<std::mutex> g(ctx->file_->mu_);
     erase_one(ctx->imported_pds_, p);
+    ctx->retired_pds_.push_back(p);  // freed at close (see Context::retired_pds_)
   }
   p->emu_->drop_user();
-  delete p;
+  p->emu_.reset();
 }
 
 void unimport_mr(Mr* m) {
@@ -143,8 +145,10 @@ void release_imports(Context* ctx) {
   std::vector<Pd*> pds;
   std::vector<Mr*> mrs;
   std::vector<Dm*> dms;
+  std::vector<Pd*> retired;
   {
     std::lock_guard<std::mutex> g(ctx->file_->mu_);
+    retired.swap(ctx->retired_pds_);
     pds.swap(ctx->imported_pds_);
     mrs.swap(ctx->imported_mrs_);
     dms.swap(ctx->imported_dms_);
@@ -161,6 +165,7 @@ void release_imports(Context* ctx) {
     p->emu_->drop_user();
     delete p;
   }
+  for (Pd* p : retired) delete p;
 }
 
 }  // namespace rnic::shim

@@ -113,6 +113,9 @@ struct Context {
   // file_->mu_.
   std::shared_ptr<CmdFile> file_;
   std::vector<Pd*> imported_pds_;
+  // Imported PDs already released: their memory stays until close, since QPs, MRs, SRQs and
+  // AHs created on them may be destroyed later and read their pd (pd_release).
+  std::vector<Pd*> retired_pds_;
   std::vector<Mr*> imported_mrs_;
   std::vector<Dm*> imported_dms_;
 };

@@ -131,12 +131,16 @@ TEST_F(ImportTest, ImportedContextPdMrCarryTraffic) {
 
   // While imported, the originals stay: dealloc_pd / dereg_mr are EBUSY.
   EXPECT_EQ(ibv_dereg_mr(mr_), EBUSY);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(ibv_destroy_qp(qp[i]), 0);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(ibv_destroy_cq(cq[i]), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp[0]), 0);
   EXPECT_EQ(ibv_dereg_mr(smr), 0);
   ibv_unimport_mr(imr);
-  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);  // the imported PD still names it
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);  // the imported PD (and the QP on it) still name it
+  // As rdma-core's test_shared_pd: the PD is unimported while a QP created on it lives; the
+  // QP is destroyed afterwards (the engine PD stays in use until then).
   ibv_unimport_pd(ipd);
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);  // the QP on the imported PD
+  EXPECT_EQ(ibv_destroy_qp(qp[1]), 0);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(ibv_destroy_cq(cq[i]), 0);
   EXPECT_EQ(ibv_close_device(ictx), 0);  // closes fd; the original's cmd_fd stays open
   EXPECT_EQ(fcntl(fd, F_GETFD), -1);
   EXPECT_NE(fcntl(ctx_->cmd_fd, F_GETFD), -1);
