@@ -113,9 +113,9 @@ SHIM_EXPORT int ibv_init_ah_from_wc(struct ibv_context* context, uint8_t port_nu
   }
   // sgid_index: our GID that the packet was addressed to.
   Context* ctx = to_ctx(context);
-  ibv_port_attr pa;
-  fill_port_attr(ctx, &pa);
-  for (int i = 0; i < pa.gid_tbl_len; ++i) {
+  // The populated GIDs only (gid_tbl_len also counts empty slots).
+  const int populated = static_cast<int>(ctx->emu_->gids().size());
+  for (int i = 0; i < populated; ++i) {
     ibv_gid g;
     int type = 0;
     if (query_gid(ctx, port_num, static_cast<uint32_t>(i), &g, &type) &&

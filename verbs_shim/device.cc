@@ -235,48 +235,67 @@ SHIM_EXPORT int ibv_get_device_index(struct ibv_device* device) {
 // ---------------------------------------------------------------------------------------
 // Open / close.
 
+namespace rnic::shim {
+
+// A new context of device `d` on the uverbs file `file` (cmd_fd `cmd_fd`, owned from here on,
+// closed on failure too): ibv_open_device with a new file, ibv_import_device with a shared one.
+ibv_context* context_open(DeviceEntry* d, int cmd_fd, std::shared_ptr<CmdFile> file) {
+  Host* host = nullptr;
+  int rc = host_acquire(d, &host);
+  if (rc != 0) {
+    close(cmd_fd);
+    return static_cast<ibv_context*>(null_errno(rc));
+  }
+  auto* ctx = new (std::nothrow) Context();
+  if (ctx == nullptr) {
+    close(cmd_fd);
+    host_release(host);
+    return static_cast<ibv_context*>(null_errno(ENOMEM));
+  }
+  std::memset(&ctx->vctx_, 0, sizeof ctx->vctx_);
+  ctx->dev_ = d;
+  ctx->host_ = host;
+  ctx->emu_ = host->dev_.get();
+  ctx->file_ = std::move(file);
+  ibv_context* ic = from_ctx(ctx);
+  ic->device = &d->dev_;
+  ic->cmd_fd = cmd_fd;
+  ic->async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+  if (ic->async_fd < 0) {
+    int e = errno;
+    close(cmd_fd);
+    delete ctx;
+    host_release(host);
+    return static_cast<ibv_context*>(null_errno(e));
+  }
+  ic->num_comp_vectors = static_cast<int>(ctx->emu_->attr().num_comp_vectors);
+  if (ic->num_comp_vectors < 1) ic->num_comp_vectors = 1;
+  pthread_mutex_init(&ic->mutex, nullptr);
+  ic->abi_compat = __VERBS_ABI_IS_EXTENDED;
+  ctx->vctx_.sz = sizeof(verbs_context);
+  fill_ops(ctx);
+  host_add_context(host, ctx);
+  return ic;
+}
+
+}  // namespace rnic::shim
+
 SHIM_EXPORT struct ibv_context* ibv_open_device(struct ibv_device* device) {
   return guard_ptr<ibv_context>([&]() -> ibv_context* {
     DeviceEntry* d = device_lookup(device);
     if (d == nullptr) return static_cast<ibv_context*>(null_errno(ENODEV));
-    Host* host = nullptr;
-    int rc = host_acquire(d, &host);
-    if (rc != 0) return static_cast<ibv_context*>(null_errno(rc));
-    auto* ctx = new (std::nothrow) Context();
-    if (ctx == nullptr) {
-      host_release(host);
-      return static_cast<ibv_context*>(null_errno(ENOMEM));
-    }
-    std::memset(&ctx->vctx_, 0, sizeof ctx->vctx_);
-    ctx->dev_ = d;
-    ctx->host_ = host;
-    ctx->emu_ = host->dev_.get();
-    ibv_context* ic = from_ctx(ctx);
-    ic->device = &d->dev_;
-    ic->cmd_fd = -1;
-    ic->async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
-    if (ic->async_fd < 0) {
-      int e = errno;
-      delete ctx;
-      host_release(host);
-      return static_cast<ibv_context*>(null_errno(e));
-    }
-    // cmd_fd: some consumers (ibv_import_device, pyverbs) read it; give a harmless real fd.
-    ic->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    ic->num_comp_vectors = static_cast<int>(ctx->emu_->attr().num_comp_vectors);
-    if (ic->num_comp_vectors < 1) ic->num_comp_vectors = 1;
-    pthread_mutex_init(&ic->mutex, nullptr);
-    ic->abi_compat = __VERBS_ABI_IS_EXTENDED;
-    ctx->vctx_.sz = sizeof(verbs_context);
-    fill_ops(ctx);
-    host_add_context(host, ctx);
-    return ic;
+    // cmd_fd: the context's own uverbs file (import.cc), which ibv_import_device accepts.
+    std::shared_ptr<CmdFile> file;
+    int fd = -1;
+    if (int e = cmd_file_create(d, &file, &fd); e != 0) return static_cast<ibv_context*>(null_errno(e));
+    return context_open(d, fd, std::move(file));
   });
 }
 
 SHIM_EXPORT int ibv_close_device(struct ibv_context* context) {
   if (context == nullptr) return fail_errno(EINVAL);
   Context* ctx = to_ctx(context);
+  release_imports(ctx);
   host_remove_context(ctx->host_, ctx);
   if (context->async_fd >= 0) close(context->async_fd);
   if (context->cmd_fd >= 0) close(context->cmd_fd);
@@ -317,8 +336,15 @@ SHIM_EXPORT int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int
   if (context == nullptr || gid == nullptr || index < 0) return -1;
   if (inherited(context)) return errno = EIO, -1;
   int type = 0;
-  if (!query_gid(to_ctx(context), port_num, static_cast<uint32_t>(index), gid, &type)) return -1;
-  return 0;
+  if (query_gid(to_ctx(context), port_num, static_cast<uint32_t>(index), gid, &type)) return 0;
+  // An empty slot of the table (index < gid_tbl_len): a zero GID, as rdma-core reads it from
+  // the kernel's sysfs gids/N (UCX queries every index and stops at the first failure).
+  if (port_num == 1 && index < emu::kGidTableSlots) {
+    std::memset(gid->raw, 0, sizeof gid->raw);
+    return 0;
+  }
+  errno = EINVAL;
+  return -1;
 }
 
 SHIM_EXPORT int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num,
@@ -346,6 +372,7 @@ SHIM_EXPORT int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num
   int t = 0;
   if (port_num != 1) return fail_errno(EINVAL);
   uint32_t ifindex = 1;
+  // An empty slot or an index past the table: ENODATA, as the kernel's QUERY_GID_ENTRY.
   if (!query_gid(to_ctx(context), port_num, gid_index, &g, &t, &ifindex)) return fail_errno(ENODATA);
   ibv_gid_entry e{};
   e.gid = g;
@@ -363,10 +390,10 @@ SHIM_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context* context, struct ibv
   if (context == nullptr || (entries == nullptr && max_entries != 0)) return -EINVAL;
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
   if (inherited(context)) return -EIO;
-  ibv_port_attr pa;
-  fill_port_attr(to_ctx(context), &pa);
+  // Only the populated slots (gid_tbl_len counts the empty ones too).
+  const size_t populated = to_ctx(context)->emu_->gids().size();
   size_t n = 0;
-  for (uint32_t i = 0; i < static_cast<uint32_t>(pa.gid_tbl_len); ++i) {
+  for (uint32_t i = 0; i < populated; ++i) {
     ibv_gid g;
     int t = 0;
     uint32_t ifindex = 1;

@@ -25,6 +25,8 @@ int dm_range(const Dm* d, uint64_t off, size_t len) {
   return 0;
 }
 
+}  // namespace
+
 int dm_copy_to(ibv_dm* dm, uint64_t off, const void* host, size_t len) {
   if (dm == nullptr || (host == nullptr && len != 0)) return fail_errno(EINVAL);
   Dm* d = to_dm(dm);
@@ -40,8 +42,6 @@ int dm_copy_from(void* host, ibv_dm* dm, uint64_t off, size_t len) {
   std::memcpy(host, static_cast<const uint8_t*>(d->buf_) + off, len);
   return 0;
 }
-
-}  // namespace
 
 // ibv_alloc_dm: comp_mask != 0, length 0 or above max_dm_size, log_align_req above a page:
 // EINVAL (libmlx5); the device pool exhausted: ENOMEM. A forked child may allocate, copy and
@@ -71,6 +71,7 @@ ibv_dm* op_alloc_dm(ibv_context* context, ibv_alloc_dm_attr* attr) {
     d->pub_.memcpy_from_dm = dm_copy_from;
     d->pub_.comp_mask = 0;
     d->pub_.handle = h->dm_handles_.fetch_add(1);
+    file_add_dm(to_ctx(context), d);
     return &d->pub_;
   });
 }
@@ -79,7 +80,12 @@ ibv_dm* op_alloc_dm(ibv_context* context, ibv_alloc_dm_attr* attr) {
 int op_free_dm(ibv_dm* dm) {
   if (dm == nullptr) return fail_errno(EINVAL);
   Dm* d = to_dm(dm);
-  if (d->mrs_.load() != 0) return fail_errno(EBUSY);
+  if (d->import_of_ != nullptr) {  // an import: releases only it (import.cc)
+    unimport_dm(d);
+    return 0;
+  }
+  if (d->mrs_.load() != 0 || d->imports_.load() != 0) return fail_errno(EBUSY);
+  file_del_dm(to_ctx(dm->context), d);
   munmap(d->buf_, d->len_);
   to_ctx(dm->context)->host_->dm_used_.fetch_sub(d->len_);
   delete d;
@@ -100,6 +106,7 @@ ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t length, unsign
     if (!(access & IBV_ACCESS_ZERO_BASED) || (access & ~kAllowed) != 0)
       return static_cast<ibv_mr*>(null_errno(EINVAL));
     Dm* d = to_dm(dm);
+    if (d->import_of_ != nullptr) d = d->import_of_;  // MRs count on the original
     if (off > d->len_ || length > d->len_ - off)
       return static_cast<ibv_mr*>(null_errno(EINVAL));
     if (inherited(pd->context)) return static_cast<ibv_mr*>(null_errno(EIO));
@@ -121,6 +128,7 @@ ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t length, unsign
     m->pub_.lkey = m->emu_->lkey();
     m->pub_.rkey = m->emu_->rkey();
     pd_hold(pd);
+    file_add_mr(ctx, m);
     return &m->pub_;
   });
 }

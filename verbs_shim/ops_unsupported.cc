@@ -52,25 +52,6 @@ ibv_flow* uns_create_flow(ibv_qp*, ibv_flow_attr*) { return enull<ibv_flow>(); }
 // ---------------------------------------------------------------------------------------
 // Exported verbs softrnic does not support (yet). Signatures follow <infiniband/verbs.h>.
 
-SHIM_EXPORT struct ibv_context* ibv_import_device(int) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SHIM_EXPORT struct ibv_pd* ibv_import_pd(struct ibv_context*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SHIM_EXPORT void ibv_unimport_pd(struct ibv_pd*) {}
-SHIM_EXPORT struct ibv_mr* ibv_import_mr(struct ibv_pd*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SHIM_EXPORT void ibv_unimport_mr(struct ibv_mr*) {}
-SHIM_EXPORT struct ibv_dm* ibv_import_dm(struct ibv_context*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SHIM_EXPORT void ibv_unimport_dm(struct ibv_dm*) {}
 SHIM_EXPORT struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
   errno = EOPNOTSUPP;
   return nullptr;

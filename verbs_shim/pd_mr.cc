@@ -50,6 +50,7 @@ ibv_mr* reg_mr_common(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsi
     m->pub_.lkey = m->emu_->lkey();
     m->pub_.rkey = m->emu_->rkey();
     pd_hold(pd);
+    file_add_mr(ctx, m);
     return &m->pub_;
   });
 }
@@ -218,6 +219,7 @@ SHIM_EXPORT struct ibv_pd* ibv_alloc_pd(struct ibv_context* context) {
     p->emu_->user_context = p;
     p->pub_.context = context;
     p->pub_.handle = p->emu_->handle();
+    file_add_pd(to_ctx(context), p);
     return &p->pub_;
   });
 }
@@ -227,6 +229,10 @@ SHIM_EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
   if (inherited(pd->context)) return fail_errno(EIO);
   return guard_int([&] {
     Pd* p = to_pd(pd);
+    if (p->import_of_ != nullptr) {  // an import: releases only it (import.cc)
+      unimport_pd(p);
+      return 0;
+    }
     if (p->parent_) {  // a parent domain: EBUSY while objects use it
       if (p->users_.load() != 0) return EBUSY;
       p->emu_->drop_user();
@@ -235,7 +241,8 @@ SHIM_EXPORT int ibv_dealloc_pd(struct ibv_pd* pd) {
       return 0;
     }
     emu::Status st = to_ctx(pd->context)->emu_->dealloc_pd(p->emu_);
-    if (!st.is_ok()) return err_of(st);  // EBUSY while objects use it
+    if (!st.is_ok()) return err_of(st);  // EBUSY while objects (or imports) use it
+    file_del_pd(to_ctx(pd->context), p);
     p->emu_->user_context = nullptr;
     delete p;
     return 0;
@@ -320,8 +327,14 @@ SHIM_EXPORT int ibv_dereg_mr(struct ibv_mr* mr) {
   if (inherited(mr->context)) return fail_errno(EIO);
   return guard_int([&] {
     Mr* m = to_mr(mr);
+    if (m->import_of_ != nullptr) {  // an import: releases only it (import.cc)
+      unimport_mr(m);
+      return 0;
+    }
+    if (m->imports_.load() != 0) return EBUSY;  // imported on some context
     emu::Status st = to_ctx(mr->context)->emu_->dereg_mr(m->emu_);
     if (!st.is_ok()) return err_of(st);  // EBUSY while a MW is bound
+    file_del_mr(to_ctx(mr->context), m);
     pd_release(mr->pd);
     if (m->dm_ != nullptr) m->dm_->mrs_.fetch_sub(1);
     m->emu_->user_context = nullptr;

@@ -57,6 +57,25 @@ int device_list_snapshot(DeviceEntry** out, int max);
 std::string sysfs_root();  // $SYSFS_PATH or "/sys"
 uint64_t device_guid(const std::string& name);  // host order
 
+struct Pd;
+struct Mr;
+struct Dm;
+
+// ---------------------------------------------------------------------------------------
+// The kernel's uverbs file of one ibv_open_device (import.cc): cmd_fd is a memfd of its own,
+// identified by its inode, and every context imported from that fd (ibv_import_device) shares
+// this object, so the PDs, MRs and DMs created on any of them are found by handle
+// (ibv_import_pd/mr/dm), as the kernel looks a handle up in the file's table. Under mu_.
+struct CmdFile {
+  uint64_t dev_ = 0, ino_ = 0;  // the memfd's st_dev / st_ino
+  DeviceEntry* dev_entry_ = nullptr;  // its device
+  uint64_t fork_gen_ = 0;             // g_fork_generation at creation (a forked child: EIO)
+  std::mutex mu_;
+  std::unordered_map<uint32_t, Pd*> pds_;  // PDs allocated (not imported, not parent domains)
+  std::unordered_map<uint32_t, Mr*> mrs_;  // MRs registered (not imported)
+  std::unordered_map<uint32_t, Dm*> dms_;  // DMs allocated (not imported)
+};
+
 // ---------------------------------------------------------------------------------------
 // Context: a whole `struct verbs_context` (its last member is the ibv_context we return,
 // with abi_compat = __VERBS_ABI_IS_EXTENDED and sz = sizeof(verbs_context)), then state.
@@ -89,6 +108,16 @@ struct Context {
   };
   std::unordered_map<uint64_t, std::unordered_map<uint64_t, XrcdShare>> xrcd_by_file_;
   std::unordered_map<const emu::Qp*, uint32_t> tgt_handles_;
+  // The uverbs file this context belongs to (its own, or the one it was imported from), and
+  // the objects imported on this context and not yet unimported (released at close), under
+  // file_->mu_.
+  std::shared_ptr<CmdFile> file_;
+  std::vector<Pd*> imported_pds_;
+  // Imported PDs already released: their memory stays until close, since QPs, MRs, SRQs and
+  // AHs created on them may be destroyed later and read their pd (pd_release).
+  std::vector<Pd*> retired_pds_;
+  std::vector<Mr*> imported_mrs_;
+  std::vector<Dm*> imported_dms_;
 };
 // The object an async event names, or nullptr for a port or device event.
 const void* async_object(const ibv_async_event& ev);
@@ -141,6 +170,7 @@ struct Pd {
   Td* td_ = nullptr;                     // parent domain: its TD, or null
   ibv_parent_domain_init_attr attr_{};   // parent domain: allocators and pd_context
   std::atomic<uint32_t> users_{0};
+  Pd* import_of_ = nullptr;  // ibv_import_pd: the PD it names (holds one emu user: EBUSY)
 };
 inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 inline bool is_parent_domain(ibv_pd* p) { return p != nullptr && to_pd(p)->parent_; }
@@ -158,14 +188,18 @@ struct Dm {
   ibv_dm pub_;
   void* buf_ = nullptr;
   uint64_t len_ = 0;
-  std::atomic<uint32_t> mrs_{0};  // MRs over it (free_dm: EBUSY)
+  std::atomic<uint32_t> mrs_{0};  // MRs over it (free_dm: EBUSY), counted on the original
+  std::atomic<uint32_t> imports_{0};  // live ibv_import_dm of it (free_dm: EBUSY)
+  Dm* import_of_ = nullptr;           // ibv_import_dm: the DM it names (same memory)
 };
 inline Dm* to_dm(ibv_dm* d) { return reinterpret_cast<Dm*>(d); }
 
 struct Mr {
   ibv_mr pub_;
   std::shared_ptr<emu::Mr> emu_;
-  Dm* dm_ = nullptr;  // ibv_reg_dm_mr: the DM it lies in
+  Dm* dm_ = nullptr;  // ibv_reg_dm_mr: the DM it lies in (the original, never an import)
+  std::atomic<uint32_t> imports_{0};  // live ibv_import_mr of it (dereg_mr: EBUSY)
+  Mr* import_of_ = nullptr;           // ibv_import_mr: the MR it names
 };
 inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
@@ -309,6 +343,27 @@ void fill_qp_ex(Qp* q);
 // Conversions between verbs and emu address attributes (ah.cc).
 emu::AhAttr to_emu(const ibv_ah_attr& a);
 void from_emu(const emu::AhAttr& e, ibv_ah_attr* a);
+
+// Import support (import.cc). The new uverbs file of an ibv_open_device: a memfd (its fd in
+// *fd) registered by inode; 0 or an errno.
+int cmd_file_create(DeviceEntry* d, std::shared_ptr<CmdFile>* out, int* fd);
+// The DM memcpy ops (dm.cc), shared by imported DMs.
+int dm_copy_to(ibv_dm* dm, uint64_t off, const void* host, size_t len);
+int dm_copy_from(void* host, ibv_dm* dm, uint64_t off, size_t len);
+// Registers / forgets an object of `ctx`'s file by handle (alloc/dealloc, reg/dereg).
+void file_add_pd(Context* ctx, Pd* p);
+void file_del_pd(Context* ctx, Pd* p);
+void file_add_mr(Context* ctx, Mr* m);
+void file_del_mr(Context* ctx, Mr* m);
+void file_add_dm(Context* ctx, Dm* d);
+void file_del_dm(Context* ctx, Dm* d);
+// Releases an imported object (ibv_unimport_*, or dealloc/dereg/free of an import).
+void unimport_pd(Pd* p);
+void unimport_mr(Mr* m);
+void unimport_dm(Dm* d);
+ibv_context* context_open(DeviceEntry* d, int cmd_fd, std::shared_ptr<CmdFile> file);
+// ibv_close_device: releases the imports still live on `ctx` (the originals stay).
+void release_imports(Context* ctx);
 
 // Device attributes the shim reports (device.cc).
 void fill_device_attr(Context* ctx, ibv_device_attr* attr);

@@ -312,7 +312,7 @@ Result<std::shared_ptr<Device>> Device::open(const DeviceConfig& cfg) {
   p.state = PortState::kActive;
   p.max_mtu = Mtu::k4096;
   p.active_mtu = active;
-  p.gid_tbl_len = static_cast<int>(d->gids_.size());
+  p.gid_tbl_len = kGidTableSlots;  // the populated ones are gids_ (gids())
   p.port_cap_flags = kPortCapFlags;
   p.max_msg_sz = kPortMaxMsgSz;
   p.pkey_tbl_len = kPkeyTableLen;
@@ -392,7 +392,6 @@ Result<GidEntry> Device::query_gid(uint8_t port_num, int index) const {
 void Device::truncate_gids(size_t n) {
   if (n >= 1 && n < gids_.size()) {
     gids_.resize(n);
-    port_.gid_tbl_len = static_cast<int>(n);
   }
 }
 

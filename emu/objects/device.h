@@ -199,7 +199,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // ---- attributes ----
   const DeviceAttr& attr() const { return attr_; }
   Result<PortAttr> query_port(uint8_t port_num) const;  // EINVAL unless port_num == 1
-  Result<GidEntry> query_gid(uint8_t port_num, int index) const;  // EINVAL out of range
+  // EINVAL out of range or for an empty slot (index >= gids().size(), < gid_tbl_len).
+  Result<GidEntry> query_gid(uint8_t port_num, int index) const;
   Result<uint16_t> query_pkey(uint8_t port_num, int index) const;
   // Port state changes (transports/tests). Setting kActive queues PORT_ACTIVE, leaving
   // it queues PORT_ERR.

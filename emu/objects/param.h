@@ -50,6 +50,9 @@ inline constexpr uint32_t kMaxCompVectors = 1;
 inline constexpr uint8_t kNumPorts = 1;
 inline constexpr uint32_t kPortMaxMsgSz = 0x80000000u;  // 2 GiB (IBA max message)
 inline constexpr uint32_t kGidTableLen = 16;  // most GIDs listed (device.h gid_table_for)
+// The port's gid_tbl_len: its slots, populated or not (rxe's RXE_PORT_GID_TBL_LEN). Slots past
+// the listed GIDs are empty: query_gid answers EINVAL, the verbs a zero GID / ENODATA.
+inline constexpr int kGidTableSlots = 1024;
 inline constexpr uint16_t kPkeyTableLen = 1;            // the single entry 0xFFFF
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;
 // Port capability bits: CM_SUP (1<<16) | IP_BASED_GIDS (1<<26), as a RoCE port reports.

@@ -121,7 +121,8 @@ TEST(Device, ActiveMtuFromInterface) {
   EXPECT_EQ(p->max_mtu, Mtu::k4096);
   EXPECT_EQ(p->state, PortState::kActive);
   EXPECT_EQ(p->link_layer, kLinkLayerEthernet);
-  EXPECT_EQ(p->gid_tbl_len, 1);
+  EXPECT_EQ(p->gid_tbl_len, kGidTableSlots);  // 1 populated, the rest empty
+  EXPECT_EQ(d->gids().size(), 1u);
   EXPECT_EQ(p->pkey_tbl_len, 1);
   EXPECT_EQ(d->query_port(0).error(), Errc::kInval);
   // Looked up: 127.0.0.2 lives on lo (MTU 65536 -> 4096).

@@ -73,15 +73,11 @@ HARDWARE = [
 # quotes the total (section "rdma-core's python suite").
 NOT_BUILT_YET = [
     ('tag matching (IBV_WC_EX_WITH_TM_INFO CQs, TM SRQs)', r'^Extended CQ is not supported$', 4),
-    ('shared PD: ibv_import_device / ibv_import_pd / ibv_import_mr / ibv_import_dm',
-     r'^Importing a device is not supported$|^Some object imports are not supported$', 2),
     # rdma_cm cases find the device's IP through /sys/class/infiniband/<dev>/device/net/;
     # both sides share one IP, which needs daemon hosting: --daemon runs them
     # (NOT_BUILT_YET_DAEMON has no such entry; README support table).
     ('rdma_cm cases (net interface of the device; daemon hosting)',
      r"^Device softrnic0 doesn't have net interface$", 11),
-    ('GID table with empty slots (gid_tbl_len counts only populated GIDs)',
-     r'^All gid indices populated, cannot check bad flow$', 1),
 ]
 
 # Daemon hosting (--daemon): the rdma_cm cases run (the net interface is there); what they
