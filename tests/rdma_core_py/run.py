@@ -72,7 +72,6 @@ HARDWARE = [
 # fails when a count differs: when a feature lands, lower or delete its entry. The README
 # quotes the total (section "rdma-core's python suite").
 NOT_BUILT_YET = [
-    ('tag matching (IBV_WC_EX_WITH_TM_INFO CQs, TM SRQs)', r'^Extended CQ is not supported$', 4),
     ('shared PD: ibv_import_device / ibv_import_pd / ibv_import_mr / ibv_import_dm',
      r'^Importing a device is not supported$|^Some object imports are not supported$', 2),
     # rdma_cm cases find the device's IP through /sys/class/infiniband/<dev>/device/net/;
