@@ -1,6 +1,7 @@
 // Shared receive queues: create (ibv_create_srq, create_srq_ex basic and XRC), modify,
 // query, destroy, and the post_srq_recv data path.
 #include <cstring>
+#include <type_traits>
 
 #include "verbs_shim/ops.h"
 #include "verbs_shim/shim.h"
@@ -126,7 +127,10 @@ int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
     op.flags = (w->flags & IBV_OPS_SIGNALED ? emu::kTmOpSignaled : 0) |
                (w->flags & IBV_OPS_TM_SYNC ? emu::kTmOpSync : 0);
     op.unexpected_cnt = w->tm.unexpected_cnt;
-    switch (w->opcode) {
+    // The opcode as an integer: an application may pass a value outside the enum.
+    std::underlying_type_t<ibv_ops_wr_opcode> opc;
+    std::memcpy(&opc, &w->opcode, sizeof opc);
+    switch (opc) {
       case IBV_WR_TAG_ADD: op.kind = emu::TmOpKind::kAdd; break;
       case IBV_WR_TAG_DEL: op.kind = emu::TmOpKind::kDel; break;
       case IBV_WR_TAG_SYNC: op.kind = emu::TmOpKind::kSync; break;
@@ -146,7 +150,7 @@ int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
       if (bad) *bad = w;
       return err;
     }
-    if (w->opcode == IBV_WR_TAG_ADD) w->tm.handle = op.handle;
+    if (opc == IBV_WR_TAG_ADD) w->tm.handle = op.handle;
   }
   return 0;
 }
