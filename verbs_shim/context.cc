@@ -68,7 +68,7 @@ void fill_ops(Context* ctx) {
   v.dealloc_td = op_dealloc_td;
   v.alloc_td = op_alloc_td;
   v.modify_cq = op_modify_cq;
-  v.post_srq_ops = uns_post_srq_ops;
+  v.post_srq_ops = op_post_srq_ops;
   v.destroy_rwq_ind_table = uns_destroy_rwq_ind_table;
   v.create_rwq_ind_table = uns_create_rwq_ind_table;
   v.destroy_wq = uns_destroy_wq;

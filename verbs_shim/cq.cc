@@ -27,6 +27,14 @@ static_assert(static_cast<int>(emu::WcOpcode::kAtomicWrite) == IBV_WC_ATOMIC_WRI
 static_assert(static_cast<int>(emu::WcOpcode::kFlush) == compat::kWcFlush);
 static_assert(static_cast<int>(emu::WcOpcode::kRecv) == IBV_WC_RECV);
 static_assert(static_cast<int>(emu::WcOpcode::kRecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
+static_assert(static_cast<int>(emu::WcOpcode::kTmAdd) == IBV_WC_TM_ADD &&
+              static_cast<int>(emu::WcOpcode::kTmDel) == IBV_WC_TM_DEL &&
+              static_cast<int>(emu::WcOpcode::kTmSync) == IBV_WC_TM_SYNC &&
+              static_cast<int>(emu::WcOpcode::kTmRecv) == IBV_WC_TM_RECV &&
+              static_cast<int>(emu::WcOpcode::kTmNoTag) == IBV_WC_TM_NO_TAG);
+static_assert(emu::kWcTmSyncReq == IBV_WC_TM_SYNC_REQ && emu::kWcTmMatch == IBV_WC_TM_MATCH &&
+              emu::kWcTmDataValid == IBV_WC_TM_DATA_VALID);
+static_assert(static_cast<int>(emu::WcStatus::kTmErr) == IBV_WC_TM_ERR);
 static_assert(emu::kWcGrh == IBV_WC_GRH && emu::kWcWithImm == IBV_WC_WITH_IMM &&
               emu::kWcIpCsumOk == IBV_WC_IP_CSUM_OK && emu::kWcWithInv == IBV_WC_WITH_INV);
 
@@ -36,7 +44,7 @@ constexpr uint64_t kSupportedWcFlags =
     IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
     IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
     IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
-    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
 
 inline void to_wc(const emu::Cqe& e, ibv_wc* w) {
   w->wr_id = e.wr_id;
@@ -82,8 +90,12 @@ uint8_t ex_dlid_path_bits(ibv_cq_ex* cq) { return to_cq(cq)->cur_.dlid_path_bits
 uint64_t ex_completion_ts(ibv_cq_ex* cq) { return to_cq(cq)->cur_.timestamp_ns; }
 uint16_t ex_cvlan(ibv_cq_ex*) { return 0; }
 uint32_t ex_flow_tag(ibv_cq_ex*) { return 0; }
-void ex_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm) {
-  if (tm) std::memset(tm, 0, sizeof *tm);
+// Tag matching: the TMH tag and app_ctx of a completion with IBV_WC_TM_MATCH (else 0).
+void ex_tm_info(ibv_cq_ex* cq, ibv_wc_tm_info* tm) {
+  if (tm == nullptr) return;
+  const emu::Cqe& e = to_cq(cq)->cur_;
+  tm->tag = e.tm_tag;
+  tm->priv = e.tm_priv;
 }
 uint64_t ex_wallclock_ns(ibv_cq_ex* cq) {
   timespec mono, real;

@@ -643,6 +643,12 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
                              compat::kDeviceAtomicWrite;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   full.max_dm_size = kMaxDmSize;  // device memory (dm.cc)
+  // Tag matching on RC QPs of TM SRQs (emu::Srq::tm_post, resp.cc tm_take).
+  full.tm_caps.max_rndv_hdr_size = emu::kTmMaxRndvHdr;
+  full.tm_caps.max_num_tags = emu::kTmMaxNumTags;
+  full.tm_caps.flags = IBV_TM_CAP_RC;
+  full.tm_caps.max_ops = emu::kTmMaxOps;
+  full.tm_caps.max_sge = emu::kTmMaxSge;
   // ODP: every access goes through the fault-safe path (emu/objects/memory.h), whatever the
   // transport or opcode; an ODP MR is simply not pinned. Implicit ODP: the whole space.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;

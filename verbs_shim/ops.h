@@ -35,6 +35,7 @@ ibv_qp* op_open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
 int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_srq* op_create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 int op_get_srq_num(ibv_srq* srq, uint32_t* num);
+int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad);
 
 // pd_mr.cc (memory windows)
 ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type);
@@ -63,7 +64,6 @@ int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*);
 int uns_destroy_flow_action(ibv_flow_action*);
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*);
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*);
-int uns_post_srq_ops(ibv_srq*, ibv_ops_wr*, ibv_ops_wr**);
 int uns_destroy_rwq_ind_table(ibv_rwq_ind_table*);
 ibv_rwq_ind_table* uns_create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*);
 int uns_destroy_wq(ibv_wq*);

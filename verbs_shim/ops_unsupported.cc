@@ -35,10 +35,6 @@ int uns_modify_flow_action_esp(ibv_flow_action*, ibv_flow_action_esp_attr*) { re
 int uns_destroy_flow_action(ibv_flow_action*) { return eopnotsupp(); }
 ibv_flow_action* uns_create_flow_action_esp(ibv_context*, ibv_flow_action_esp_attr*) { return enull<ibv_flow_action>(); }
 int uns_modify_qp_rate_limit(ibv_qp*, ibv_qp_rate_limit_attr*) { return eopnotsupp(); }
-int uns_post_srq_ops(ibv_srq*, ibv_ops_wr* op, ibv_ops_wr** bad) {
-  if (bad) *bad = op;
-  return eopnotsupp();
-}
 int uns_destroy_rwq_ind_table(ibv_rwq_ind_table*) { return eopnotsupp(); }
 ibv_rwq_ind_table* uns_create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*) { return enull<ibv_rwq_ind_table>(); }
 int uns_destroy_wq(ibv_wq*) { return eopnotsupp(); }

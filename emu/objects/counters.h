@@ -62,6 +62,8 @@ enum class Ctr : uint8_t {
                         // unacknowledged packet resent; no retry_cnt spent)
   kMtuExceeded,         // mtu_exceeded (ours): a packet longer than the receiving QP's path MTU
                         // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
+  kTmBadHeader,         // tm_bad_header (ours): a SEND to a TM SRQ without a valid TMH/RVH
+                        // (shorter than it, unknown opcode, RNDV too long): Invalid Request NAK
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

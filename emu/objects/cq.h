@@ -37,6 +37,9 @@ struct Cqe {
   uint8_t sl = 0;
   uint8_t dlid_path_bits = 0;
   uint64_t timestamp_ns = 0;  // CLOCK_MONOTONIC ns, stamped by Cq::push
+  // Tag matching (kWcTmMatch): the message's TMH tag and app_ctx (ibv_wc_tm_info).
+  uint64_t tm_tag = 0;
+  uint32_t tm_priv = 0;
 };
 
 // Largest ibv_modify_cq period (µs) accepted, as mlx5 (EINVAL above).

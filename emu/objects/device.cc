@@ -771,24 +771,29 @@ Status Device::dealloc_xrcd(const std::shared_ptr<Xrcd>& xrcd) {
 Result<std::shared_ptr<Srq>> Device::create_srq(const std::shared_ptr<Pd>& pd,
                                                 const SrqAttr& attr,
                                                 const std::shared_ptr<Xrcd>& xrcd,
-                                                const std::shared_ptr<Cq>& cq) {
+                                                const std::shared_ptr<Cq>& cq,
+                                                const TmAttr& tm) {
   if (!pd || &pd->device() != this) return Errc::kInval;
-  if ((xrcd == nullptr) != (cq == nullptr)) return Errc::kInval;
+  if (tm.enabled) {
+    if (xrcd || !cq || cq->dev_ != this) return Errc::kInval;
+    if (tm.max_num_tags == 0 || tm.max_num_tags > kTmMaxNumTags) return Errc::kInval;
+    if (tm.max_ops == 0 || tm.max_ops > kTmMaxOps) return Errc::kInval;
+  } else if ((xrcd == nullptr) != (cq == nullptr)) {
+    return Errc::kInval;
+  }
   if (xrcd && (xrcd->dev_ != this || cq->dev_ != this)) return Errc::kInval;
   if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(attr_.max_srq_wr))
     return Errc::kInval;
   if (attr.max_sge == 0 || attr.max_sge > static_cast<uint32_t>(attr_.max_srq_sge))
     return Errc::kInval;
   if (attr.srq_limit > attr.max_wr) return Errc::kInval;
-  auto srq = std::make_shared<Srq>(*this, 0, pd, attr, xrcd, cq);
+  auto srq = std::make_shared<Srq>(*this, 0, pd, attr, xrcd, cq, tm);
   Result<uint32_t> h = srqs_.insert_next(srq);
   if (!h) return h.error();
   srq->handle_ = *h;
   pd->add_user();
-  if (xrcd) {
-    xrcd->add_user();
-    cq->users_.fetch_add(1);
-  }
+  if (xrcd) xrcd->add_user();
+  if (cq) cq->users_.fetch_add(1);
   return srq;
 }
 
@@ -804,10 +809,8 @@ Status Device::destroy_srq(const std::shared_ptr<Srq>& srq) {
   if (!srqs_.erase(srq->handle())) return Errc::kInval;
   srq->alive_.store(false, std::memory_order_release);
   srq->pd()->drop_user();
-  if (srq->xrcd_) {
-    srq->xrcd_->drop_user();
-    srq->cq_->users_.fetch_sub(1);
-  }
+  if (srq->xrcd_) srq->xrcd_->drop_user();
+  if (srq->cq_) srq->cq_->users_.fetch_sub(1);
   return Status::ok();
 }
 

@@ -280,9 +280,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // EINVAL: max_wr 0 or > max_srq_wr, max_sge 0 or > max_srq_sge, srq_limit > max_wr.
   // XRC SRQ (IBV_SRQT_XRC): xrcd and cq non-null and of this device (else EINVAL); its
   // receive completions go to cq. Counts as a user of pd, xrcd and cq.
+  // TM SRQ (IBV_SRQT_TM, tm.enabled, no xrcd): cq non-null (its list-operation and receive
+  // completions), 1 <= max_num_tags <= kTmMaxNumTags, 1 <= max_ops <= kTmMaxOps, else EINVAL.
   Result<std::shared_ptr<Srq>> create_srq(const std::shared_ptr<Pd>& pd, const SrqAttr& attr,
                                           const std::shared_ptr<Xrcd>& xrcd = nullptr,
-                                          const std::shared_ptr<Cq>& cq = nullptr);
+                                          const std::shared_ptr<Cq>& cq = nullptr,
+                                          const TmAttr& tm = TmAttr{});
   // The SRQ with number srqn (hot path: the XRC responder resolving an XRCETH), or null.
   std::shared_ptr<Srq> find_srq(uint32_t srqn) const { return srqs_.find(srqn); }
   Status modify_srq(const std::shared_ptr<Srq>& srq, const SrqAttr& attr, uint32_t mask);

@@ -2,6 +2,9 @@
 // post_send/post_recv validation and queuing, completion of the SQ head, flush on ERR.
 #include "emu/objects/qp.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <cstring>
 
 #include "emu/objects/device.h"
@@ -167,16 +170,21 @@ Qp::Qp(Device& dev, std::shared_ptr<Pd> pd, const QpInitAttr& init)
     : dev_(&dev), pd_(std::move(pd)), send_cq_(init.send_cq), recv_cq_(init.recv_cq),
       srq_(init.srq), xrcd_(init.qp_type == QpType::kXrcRecv ? init.xrcd : nullptr),
       type_(init.qp_type), sq_sig_all_(init.sq_sig_all), cap_(init.cap),
-      sq_(init.cap.max_send_wr), rq_(init.srq ? 0 : init.cap.max_recv_wr) {
+      sq_(init.cap.max_send_wr + (init.srq && init.srq->is_tm() && init.qp_type == QpType::kRc
+                                       ? kTmRndvSlots : 0)),
+      rq_(init.srq ? 0 : init.cap.max_recv_wr) {
   if (srq_) {
     cap_.max_recv_wr = 0;
     cap_.max_recv_sge = 0;
   }
-  sq_sge_store_.resize(size_t{cap_.max_send_wr} * cap_.max_send_sge);
-  sq_inline_store_.resize(size_t{cap_.max_send_wr} * cap_.max_inline_data);
+  const bool tm = sq_.capacity() > cap_.max_send_wr;  // device slots for RNDV READ + FIN
+  sq_sge_stride_ = tm ? std::max(cap_.max_send_sge, kTmMaxSge) : cap_.max_send_sge;
+  sq_inline_stride_ = tm ? std::max(cap_.max_inline_data, kTmhSize) : cap_.max_inline_data;
+  sq_sge_store_.resize(size_t{sq_.capacity()} * sq_sge_stride_);
+  sq_inline_store_.resize(size_t{sq_.capacity()} * sq_inline_stride_);
   for (uint32_t i = 0; i < sq_.capacity(); ++i) {
-    sq_.slot(i).sge = sq_sge_store_.data() + size_t{i} * cap_.max_send_sge;
-    sq_.slot(i).inline_data = sq_inline_store_.data() + size_t{i} * cap_.max_inline_data;
+    sq_.slot(i).sge = sq_sge_store_.data() + size_t{i} * sq_sge_stride_;
+    sq_.slot(i).inline_data = sq_inline_store_.data() + size_t{i} * sq_inline_stride_;
   }
   rq_sge_store_.resize(size_t{rq_.capacity()} * cap_.max_recv_sge);
   for (uint32_t i = 0; i < rq_.capacity(); ++i)
@@ -192,6 +200,7 @@ void Qp::reset_locked() {
   // rxe_qp_reset: queues emptied without completions, attributes back to create defaults.
   sq_.clear();
   rq_.clear();
+  tm_inflight_ = 0;
   QpAttr a;
   a.qp_state = a.cur_qp_state = QpState::kReset;
   a.path_mtu = Mtu::k256;  // rxe: a new QP's path MTU is 256 until modified
@@ -333,6 +342,11 @@ bool Qp::flush_push(const std::shared_ptr<Cq>& cq, const Cqe& e) {
 void Qp::flush_sq_locked() {
   while (!sq_.empty()) {
     SendWqe& w = sq_.head();
+    if (w.tm_kind != 0) {
+      tm_complete_locked(w, WcStatus::kWrFlushErr);
+      sq_.pop();
+      continue;
+    }
     Cqe e;
     e.wr_id = w.wr_id;
     e.status = WcStatus::kWrFlushErr;
@@ -390,8 +404,96 @@ void Qp::enter_sqe_locked() {
   flush_sq_locked();
 }
 
+void Qp::tm_complete_locked(const SendWqe& w, WcStatus status) {
+  --tm_inflight_;
+  if (w.tm_kind != kTmRndvRead || !srq_ || !srq_->cq()) return;  // the FIN: no completion
+  Cqe e;
+  e.wr_id = w.wr_id;
+  e.status = status == WcStatus::kSuccess ? status : WcStatus::kTmRndvIncomplete;
+  e.opcode = WcOpcode::kTmRecv;
+  e.wc_flags = status == WcStatus::kSuccess ? kWcTmDataValid : 0;
+  e.byte_len = static_cast<uint32_t>(w.length);
+  e.qp_num = qpn_;
+  e.src_qp = attr_.dest_qp_num;
+  (void)flush_push(srq_->cq(), e);
+}
+
+void Qp::tm_rndv_start_locked(const RespState::TmRndv& r) {
+  const QpState st = state();
+  const bool ok_state = st == QpState::kRts || st == QpState::kSqd;
+  if (!ok_state || destroyed_ || sq_.capacity() - sq_.size() < 2 || r.rlen > r.length ||
+      r.num_sge > sq_sge_stride_) {
+    SendWqe w;
+    w.tm_kind = kTmRndvRead;
+    w.wr_id = r.recv_wr_id;
+    ++tm_inflight_;
+    tm_complete_locked(w, WcStatus::kRemAbortErr);
+    return;
+  }
+  auto base = [](SendWqe& w) {
+    w.send_flags = 0;
+    w.signaled = false;
+    w.imm_data = w.invalidate_rkey = 0;
+    w.compare_add = w.swap = 0;
+    w.xrc_srqn = 0;
+    w.bind = BindInfo{};
+    w.flush_len = 0;
+    w.flush_type = w.flush_level = 0;
+    w.has_operand = false;
+    w.operand = 0;
+    w.state = WqeState::kPosted;
+    w.status = WcStatus::kSuccess;
+    w.first_psn = w.last_psn = 0;
+    w.offset = 0;
+    w.sge_index = w.sge_offset = 0;
+    for (auto& x : w.scratch) x = 0;
+  };
+  SendWqe& rd = sq_.tail_slot();
+  base(rd);
+  rd.tm_kind = kTmRndvRead;
+  rd.wr_id = r.recv_wr_id;
+  rd.opcode = WrOpcode::kRdmaRead;
+  rd.remote_addr = r.rva;
+  rd.rkey = r.rkey;
+  rd.is_inline = false;
+  rd.inline_len = 0;
+  // The sink: the tag's buffer, cut to the sender's length.
+  uint64_t left = r.rlen;
+  rd.num_sge = 0;
+  for (uint32_t i = 0; i < r.num_sge && left > 0; ++i) {
+    Sge g = r.sge[i];
+    if (g.length > left) g.length = static_cast<uint32_t>(left);
+    left -= g.length;
+    rd.sge[rd.num_sge++] = g;
+  }
+  rd.length = r.rlen;
+  sq_.commit_push();
+  SendWqe& fin = sq_.tail_slot();
+  base(fin);
+  fin.tm_kind = kTmRndvFin;
+  fin.wr_id = r.recv_wr_id;
+  fin.opcode = WrOpcode::kSend;
+  fin.send_flags = kSendFence | kSendInline;  // after the READ's data is in
+  fin.is_inline = true;
+  fin.num_sge = 0;
+  std::memset(fin.inline_data, 0, kTmhSize);
+  fin.inline_data[0] = kTmhFin;
+  for (int i = 0; i < 4; ++i) fin.inline_data[4 + i] = static_cast<uint8_t>(r.priv >> (24 - 8 * i));
+  for (int i = 0; i < 8; ++i) fin.inline_data[8 + i] = static_cast<uint8_t>(r.tag >> (56 - 8 * i));
+  fin.inline_len = kTmhSize;
+  fin.length = kTmhSize;
+  sq_.commit_push();
+  tm_inflight_ += 2;
+  if (TransportHooks* h = dev_->hooks()) h->on_post_send(*this);
+}
+
 bool Qp::complete_send_head_locked(WcStatus status, uint32_t byte_len) {
   SendWqe& w = sq_.head();
+  if (w.tm_kind != 0) {
+    tm_complete_locked(w, status);
+    sq_.pop();
+    return true;
+  }
   bool ok = true;
   if (w.signaled || status != WcStatus::kSuccess) {
     Cqe e;
@@ -450,7 +552,7 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
     const SendWr& wr = wrs[i];
     result = validate_send_wr(wr);
     if (!result) break;
-    if (sq_.full()) {
+    if (sq_.full() || sq_.size() - tm_inflight_ >= cap_.max_send_wr) {
       result = Errc::kNoMem;
       break;
     }
@@ -512,6 +614,7 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
     w.offset = 0;
     w.sge_index = w.sge_offset = 0;
     for (auto& s : w.scratch) s = 0;
+    w.tm_kind = 0;
     sq_.commit_push();
   }
   if (bad != nullptr) *bad = i;

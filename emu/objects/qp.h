@@ -148,6 +148,13 @@ class Qp : public std::enable_shared_from_this<Qp> {
   // READ/atomics as the completer sets it (pass explicitly). Returns false if the CQ
   // overflowed (then the caller should enter_error_locked()). REQUIRES: send lock.
   bool complete_send_head_locked(WcStatus status, uint32_t byte_len = 0);
+  // Tag matching, a matched RNDV on this RC QP of a TM SRQ: queues the READ of the sender's
+  // buffer into the tag's and, fenced behind it, the FIN SEND (TMH opcode FIN, the RNDV's
+  // app_ctx and tag), in send-queue slots reserved for the device (kTmRndvSlots, beyond
+  // max_send_wr). The READ's completion (IBV_WC_TM_RECV, DATA_VALID, or an error status) goes
+  // to the SRQ's CQ. No slot, a sender length above the buffer, or a QP not in RTS/SQD:
+  // IBV_WC_TM_RNDV_INCOMPLETE at once. REQUIRES: send lock.
+  void tm_rndv_start_locked(const RespState::TmRndv& r);
 
   // Move the QP to ERR from inside the transports (completion error, CQ overflow, fatal):
   // state ERR, hooks->on_modify(from, ERR), QP_FATAL async event if `fatal`, flush every
@@ -202,6 +209,9 @@ class Qp : public std::enable_shared_from_this<Qp> {
   Ring<RecvWqe> rq_;
   std::vector<Sge> sq_sge_store_, rq_sge_store_;
   std::vector<uint8_t> sq_inline_store_;
+  uint32_t sq_sge_stride_ = 0, sq_inline_stride_ = 0;
+  uint32_t tm_inflight_ = 0;  // device WQEs (tm_kind != 0) in sq_
+  void tm_complete_locked(const SendWqe& w, WcStatus status);
   bool destroyed_ = false;
 };
 

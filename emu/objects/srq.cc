@@ -1,14 +1,16 @@
 // emu/objects/srq.cc: shared receive queues — post, pop, modify and the limit event.
 #include "emu/objects/srq.h"
 
+#include "emu/objects/cq.h"
 #include "emu/objects/device.h"
 
 namespace rnic::emu {
 
 Srq::Srq(Device& dev, uint32_t handle, std::shared_ptr<Pd> pd, const SrqAttr& attr,
-         std::shared_ptr<Xrcd> xrcd, std::shared_ptr<Cq> cq)
+         std::shared_ptr<Xrcd> xrcd, std::shared_ptr<Cq> cq, const TmAttr& tm)
     : dev_(&dev), handle_(handle), pd_(std::move(pd)), xrcd_(std::move(xrcd)), cq_(std::move(cq)),
-      attr_(attr), ring_(attr.max_wr) {
+      attr_(attr), ring_(attr.max_wr), tm_(tm) {
+  if (tm_.enabled) tags_.resize(tm_.max_num_tags);
   armed_ = attr.srq_limit != 0;
   relink_storage_locked();
 }
@@ -104,6 +106,95 @@ Status Srq::modify(const SrqAttr& attr, uint32_t mask) {
     armed_ = attr.srq_limit != 0;
   }
   return Status::ok();
+}
+
+Status Srq::tm_post(TmOp* op) {
+  if (!tm_.enabled) return Errc::kOpNotSupp;
+  Cqe c;
+  c.wr_id = op->wr_id;
+  bool push = (op->flags & kTmOpSignaled) != 0;
+  {
+    std::lock_guard lk(mu_);
+    switch (op->kind) {
+      case TmOpKind::kAdd: {
+        if (op->num_sge <= 0 || static_cast<uint32_t>(op->num_sge) > kTmMaxSge ||
+            static_cast<uint32_t>(op->num_sge) > attr_.max_sge || op->sg_list == nullptr)
+          return Errc::kInval;
+        if (tm_used_ >= tags_.size()) return Errc::kNoMem;
+        uint32_t h = 0;
+        while (tags_[h].used) ++h;
+        TmTag& t = tags_[h];
+        t.used = true;
+        t.seq = ++tm_seq_;
+        t.tag = op->tag;
+        t.mask = op->mask;
+        t.recv_wr_id = op->recv_wr_id;
+        t.num_sge = static_cast<uint32_t>(op->num_sge);
+        t.length = 0;
+        for (uint32_t i = 0; i < t.num_sge; ++i) {
+          t.sge[i] = op->sg_list[i];
+          t.length += op->sg_list[i].length;
+        }
+        ++tm_used_;
+        op->handle = h;
+        c.opcode = WcOpcode::kTmAdd;
+        break;
+      }
+      case TmOpKind::kDel:
+        c.opcode = WcOpcode::kTmDel;
+        if (op->handle < tags_.size() && tags_[op->handle].used) {
+          tags_[op->handle].used = false;
+          --tm_used_;
+        } else {
+          c.status = WcStatus::kTmErr;  // consumed by a message, or never added
+          push = true;
+        }
+        break;
+      case TmOpKind::kSync:
+        c.opcode = WcOpcode::kTmSync;
+        break;
+      default:
+        return Errc::kInval;
+    }
+    if ((op->flags & kTmOpSync) || op->kind == TmOpKind::kSync) sw_unexp_ = op->unexpected_cnt;
+    if (op->kind == TmOpKind::kAdd && sw_unexp_ != hw_unexp_) c.wc_flags |= kWcTmSyncReq;
+  }
+  if (push && cq_) (void)cq_->push(c);
+  return Status::ok();
+}
+
+bool Srq::tm_match(uint64_t tag, RecvWqe* out, Sge* out_sges) {
+  std::lock_guard lk(mu_);
+  if (!tm_.enabled || tm_used_ == 0 || sw_unexp_ != hw_unexp_) return false;
+  TmTag* best = nullptr;
+  for (TmTag& t : tags_) {
+    if (t.used && ((t.tag ^ tag) & t.mask) == 0 && (best == nullptr || t.seq < best->seq))
+      best = &t;
+  }
+  if (best == nullptr) return false;
+  out->wr_id = best->recv_wr_id;
+  out->num_sge = best->num_sge;
+  out->length = best->length;
+  for (uint32_t i = 0; i < best->num_sge; ++i) out_sges[i] = best->sge[i];
+  out->sge = out_sges;
+  best->used = false;
+  --tm_used_;
+  return true;
+}
+
+void Srq::tm_count_unexpected() {
+  std::lock_guard lk(mu_);
+  ++hw_unexp_;
+}
+
+uint32_t Srq::tm_unexpected() const {
+  std::lock_guard lk(mu_);
+  return hw_unexp_;
+}
+
+uint32_t Srq::tm_tags() const {
+  std::lock_guard lk(mu_);
+  return tm_used_;
 }
 
 bool Srq::limit_armed() const {

@@ -92,6 +92,34 @@ struct RespState {
   RecvWqe wqe;
   Sge sges[kMaxSge];
   uint64_t recv_offset = 0;      // bytes scattered into wqe so far
+  // Tag matching (a SEND on an RC QP of a TM SRQ, resp.cc tm_take): how the held WQE was
+  // chosen and how its message completes.
+  struct Tm {
+    bool active = false;         // the TMH decided: opcode/flags/tag below apply
+    uint8_t skip = 0;            // TMH bytes at the message start not placed (matched EAGER)
+    bool rndv = false;           // matched RNDV: nothing placed; the data is fetched by READ
+    WcOpcode opcode = WcOpcode::kRecv;
+    uint32_t flags = 0;          // kWcTm* bits
+    uint64_t tag = 0;
+    uint32_t priv = 0;           // TMH app_ctx
+    uint64_t rva = 0;            // RNDV: the sender's buffer (RVH)
+    uint32_t rkey = 0;
+    uint32_t rlen = 0;
+  } tm;
+  // A matched RNDV whose header completed: the READ + FIN the device owes, handed out of the
+  // receive lock by deliver_request (recv.cc) to Qp::tm_rndv_start_locked (send lock).
+  struct TmRndv {
+    bool valid = false;
+    uint64_t recv_wr_id = 0;
+    uint64_t tag = 0;
+    uint32_t priv = 0;
+    uint64_t rva = 0;
+    uint32_t rkey = 0;
+    uint32_t rlen = 0;
+    uint64_t length = 0;  // the tag buffer's capacity
+    uint32_t num_sge = 0;
+    Sge sge[kMaxSge];
+  } tm_pend;
   // WRITE in progress: rkey, next VA, bytes remaining (validated for the whole message at
   // FIRST, re-validated for each packet).
   uint32_t w_rkey = 0;

@@ -82,6 +82,12 @@ enum class WcOpcode : uint8_t {
   kAtomicWrite = 9,
   kRecv = 128,
   kRecvRdmaWithImm = 129,
+  // Tag matching (TM SRQs): list-operation and receive completions.
+  kTmAdd = 130,
+  kTmDel = 131,
+  kTmSync = 132,
+  kTmRecv = 133,
+  kTmNoTag = 134,
 };
 
 // ibv_wr_opcode.
@@ -168,6 +174,11 @@ inline constexpr uint32_t kWcGrh = 1u << 0;
 inline constexpr uint32_t kWcWithImm = 1u << 1;
 inline constexpr uint32_t kWcIpCsumOk = 1u << 2;
 inline constexpr uint32_t kWcWithInv = 1u << 3;
+// Tag matching completion flags (ibv_wc_flags): counter sync needed, the message matched a
+// posted tag (tag/priv valid), the data is in the buffer.
+inline constexpr uint32_t kWcTmSyncReq = 1u << 4;
+inline constexpr uint32_t kWcTmMatch = 1u << 5;
+inline constexpr uint32_t kWcTmDataValid = 1u << 6;
 
 // ibv_rereg_mr_flags bits.
 inline constexpr uint32_t kReregChangeTranslation = 1u << 0;

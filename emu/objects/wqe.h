@@ -151,7 +151,13 @@ struct SendWqe {
   uint32_t sge_index = 0;     // gather cursor
   uint32_t sge_offset = 0;
   uint64_t scratch[4] = {};   // free for the transports
+  // Tag matching: a WQE the device queued itself for a matched rendezvous (Qp::tm_rndv_start
+  // _locked), never the application's: kTmRndvRead fetches the sender's data into the tag's
+  // buffer (completes on the TM SRQ's CQ, wr_id = the tag's recv_wr_id); kTmRndvFin is the
+  // FIN SEND back to the sender (no completion).
+  uint8_t tm_kind = 0;
 };
+inline constexpr uint8_t kTmRndvRead = 1, kTmRndvFin = 2;
 
 // A queued receive work request (QP RQ or SRQ). sge points into per-queue storage.
 struct RecvWqe {

@@ -265,6 +265,7 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
   const auto bth = p.bth();
   const uint32_t qpn = bth.dest_qp();
   RespOutcome out;
+  RespState::TmRndv rndv;
   {
     std::lock_guard lk(qp.recv_mutex());
     if (qp.comp_.dead) {
@@ -290,6 +291,15 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
     out = resp_on_packet(e, qp, p, d);
     // Only a packet that passed every transport check may take the strict-source latch.
     if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(qp, d);
+    if (qp.resp_.tm_pend.valid) {
+      rndv = qp.resp_.tm_pend;
+      qp.resp_.tm_pend.valid = false;
+    }
+  }
+  if (rndv.valid && out != RespOutcome::kFatal) {
+    // Tag matching RNDV: the READ + FIN go on the send queue (send lock; not under receive).
+    std::lock_guard lk(qp.send_mutex());
+    if (!qp.comp_.dead) qp.tm_rndv_start_locked(rndv);
   }
   if (out == RespOutcome::kFatal) {
     // Class A/C/G/J: the responder's QP goes to ERR.

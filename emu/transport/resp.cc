@@ -101,7 +101,11 @@ Srq* resp_srq(const Qp& qp) {
   return qp.type() == QpType::kXrcRecv ? qp.resp_.xrc_srq.get() : qp.srq().get();
 }
 Cq* resp_cq(const Qp& qp) {
-  if (qp.type() != QpType::kXrcRecv) return qp.recv_cq().get();
+  // A TM SRQ's receive completions go to its CQ, with its list operations (mlx5).
+  if (qp.type() != QpType::kXrcRecv) {
+    const Srq* srq = qp.srq().get();
+    return srq != nullptr && srq->is_tm() ? srq->cq().get() : qp.recv_cq().get();
+  }
   const auto& x = qp.resp_.xrc_srq;
   return x ? x->cq().get() : nullptr;
 }
@@ -359,6 +363,7 @@ bool take_wqe(Qp& qp) {
   s.wqe.sge = s.sges;
   s.have_wqe = true;
   s.recv_offset = 0;
+  s.tm = RespState::Tm{};
   return true;
 }
 
@@ -371,6 +376,14 @@ Cqe recv_cqe(const Qp& qp, WcStatus st) {
   c.qp_num = qp.qpn();
   c.src_qp = qp.attr().dest_qp_num;
   c.byte_len = static_cast<uint32_t>(s.recv_offset);
+  if (s.tm.active) {
+    c.opcode = s.tm.opcode;
+    c.wc_flags = s.tm.flags;
+    if (s.tm.flags & kWcTmMatch) {
+      c.tm_tag = s.tm.tag;
+      c.tm_priv = s.tm.priv;
+    }
+  }
   return c;
 }
 
@@ -498,10 +511,69 @@ Step check_op_valid(Qp& qp, const Pkt& k) {
   return Step::kCheckResource;
 }
 
-Step check_resource(Qp& qp, const Pkt& k) {
+// A SEND starting on an RC QP of a TM SRQ: the TMH at the payload start picks the buffer.
+// EAGER / RNDV: the oldest posted tag that matches (Srq::tm_match, only while the phase
+// counts agree), else an unexpected buffer (the SRQ's ordinary WQEs) taking the whole message,
+// TMH included, counted unexpected. NO_TAG / FIN: an unexpected buffer, never matched nor
+// counted (completes as IBV_WC_TM_NO_TAG). Malformed TMH: counted, Invalid Request NAK.
+Step tm_bad(Engine& e, Qp& qp, const Pkt& k, const char* why) {
+  bump(qp.comp_.ctr, dctr(e), Ctr::kTmBadHeader);
+  return refuse(k, Step::kErrInvReq, why);
+}
+
+Step tm_take(Engine& e, Qp& qp, const Pkt& k, Srq& srq) {
+  RespState& s = qp.resp_;
+  if (k.plen < kTmhSize) return tm_bad(e, qp, k, "SEND to a TM SRQ shorter than the TMH");
+  const uint8_t* h = k.p.payload;
+  const uint8_t opc = h[0];
+  const bool tagged = opc == kTmhEager || opc == kTmhRndv;
+  if (!tagged && opc != kTmhNoTag && opc != kTmhFin)
+    return tm_bad(e, qp, k, "SEND to a TM SRQ with an unknown TMH opcode");
+  if (opc == kTmhRndv && (k.plen < kTmhSize + kRvhSize || !(k.mask & wire::kEndMask)))
+    return tm_bad(e, qp, k, "RNDV SEND not one packet holding TMH and RVH");
+  const uint64_t tag = wire::load_be64(h + 8);
+  bool matched = tagged && srq.tm_match(tag, &s.wqe, s.sges);
+  if (!matched) {
+    if (!srq.pop(&s.wqe, s.sges)) return Step::kRnr;
+    if (tagged) srq.tm_count_unexpected();
+  }
+  s.wqe.sge = s.sges;
+  s.have_wqe = true;
+  s.recv_offset = 0;
+  RespState::Tm& t = s.tm;
+  t = RespState::Tm{};
+  t.active = true;
+  t.opcode = tagged ? WcOpcode::kTmRecv : WcOpcode::kTmNoTag;
+  if (matched) {
+    t.tag = tag;
+    t.priv = wire::load_be32(h + 4);
+    if (opc == kTmhRndv) {
+      t.rndv = true;
+      t.flags = kWcTmMatch;
+      t.rva = wire::load_be64(h + kTmhSize);
+      t.rkey = wire::load_be32(h + kTmhSize + 8);
+      t.rlen = wire::load_be32(h + kTmhSize + 12);
+    } else {
+      t.flags = kWcTmMatch | kWcTmDataValid;
+      t.skip = kTmhSize;
+    }
+  }
+  return Step::kCheckLength;
+}
+
+Step check_resource(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   if (k.mask & wire::kRwrMask) {
-    if (!s.have_wqe && !take_wqe(qp)) return Step::kRnr;
+    if (!s.have_wqe) {
+      Srq* srq = resp_srq(qp);
+      if (srq != nullptr && srq->is_tm() && qp.type() == QpType::kRc &&
+          (k.mask & wire::kSendMask)) {
+        const Step st = tm_take(e, qp, k, *srq);
+        if (st != Step::kCheckLength) return st;
+      } else if (!take_wqe(qp)) {
+        return Step::kRnr;
+      }
+    }
   }
   if (k.mask & (wire::kReadMask | wire::kAtomicMask | wire::kAtomicWriteMask |
                 wire::kFlushMask)) {
@@ -651,15 +723,26 @@ Step execute_send(Engine& e, Qp& qp, const Pkt& k) {
   Device& dev = e.device();
   const bool end = k.mask & wire::kEndMask;
   constexpr const char* kShort = "SEND longer than the receive WQE";
-  if (s.recv_offset + k.plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
-  if (k.plen > 0) {
+  // Tag matching: a matched EAGER message lands without its TMH; a matched RNDV header is
+  // consumed (its data is READ into the tag's buffer once the message completes).
+  const uint8_t* payload = k.p.payload;
+  uint32_t plen = k.plen;
+  if (s.tm.rndv) {
+    plen = 0;
+  } else if (s.tm.skip != 0) {
+    payload += s.tm.skip;
+    plen -= s.tm.skip;  // tm_take: the first packet holds the whole TMH
+  }
+  if (s.recv_offset + plen > s.wqe.length) return refuse(k, Step::kErrLength, kShort);
+  if (plen > 0) {
     WcStatus st = scatter_sges(dev, resp_pd(qp), s.wqe.sge, s.wqe.num_sge, s.recv_offset,
-                               k.p.payload, k.plen, &qp.comp_.ctr, &dctr(e));
+                               payload, plen, &qp.comp_.ctr, &dctr(e));
     if (st == WcStatus::kLocLenErr) return refuse(k, Step::kErrLength, kShort);
     if (st != WcStatus::kSuccess)
       return refuse(k, Step::kErrRecvProt, "receive SGE failed its local check");
   }
-  s.recv_offset += k.plen;
+  s.tm.skip = 0;
+  s.recv_offset += plen;
   s.cur = end ? RespState::kNone : RespState::kSend;
   return end ? Step::kComplete : Step::kAcknowledge;
 }
@@ -851,6 +934,20 @@ Step complete(Engine& e, Qp& qp, const Pkt& k) {
       c.status = WcStatus::kRemInvReqErr;
       next = refuse(k, Step::kErrInvalidate, "SEND_WITH_INV could not invalidate the rkey");
     }
+  }
+  if (s.tm.rndv) {
+    // The header matched a tag: the data comes by READ (deliver_request starts it).
+    RespState::TmRndv& r = s.tm_pend;
+    r.valid = true;
+    r.recv_wr_id = s.wqe.wr_id;
+    r.tag = s.tm.tag;
+    r.priv = s.tm.priv;
+    r.rva = s.tm.rva;
+    r.rkey = s.tm.rkey;
+    r.rlen = s.tm.rlen;
+    r.length = s.wqe.length;
+    r.num_sge = s.wqe.num_sge;
+    for (uint32_t i = 0; i < s.wqe.num_sge; ++i) r.sge[i] = s.wqe.sge[i];
   }
   s.have_wqe = false;
   s.msn = psn_add(s.msn, 1);
@@ -1109,7 +1206,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
         if (st == Step::kCheckOpSeq) st = check_op_seq(qp, k);
         break;
       case Step::kCheckOpValid: st = check_op_valid(qp, k); break;
-      case Step::kCheckResource: st = check_resource(qp, k); break;
+      case Step::kCheckResource: st = check_resource(e, qp, k); break;
       case Step::kCheckLength: st = check_length(e, qp, k); break;
       case Step::kCheckRkey: st = check_rkey(e, qp, k); break;
       case Step::kExecute: st = execute(e, qp, k); break;

@@ -71,6 +71,11 @@ SAME(WcOpcode::kTso, IBV_WC_TSO);
 SAME(WcOpcode::kAtomicWrite, IBV_WC_ATOMIC_WRITE);
 SAME(WcOpcode::kRecv, IBV_WC_RECV);
 SAME(WcOpcode::kRecvRdmaWithImm, IBV_WC_RECV_RDMA_WITH_IMM);
+SAME(WcOpcode::kTmAdd, IBV_WC_TM_ADD);
+SAME(WcOpcode::kTmDel, IBV_WC_TM_DEL);
+SAME(WcOpcode::kTmSync, IBV_WC_TM_SYNC);
+SAME(WcOpcode::kTmRecv, IBV_WC_TM_RECV);
+SAME(WcOpcode::kTmNoTag, IBV_WC_TM_NO_TAG);
 
 SAME(WrOpcode::kRdmaWrite, IBV_WR_RDMA_WRITE);
 SAME(WrOpcode::kRdmaWriteWithImm, IBV_WR_RDMA_WRITE_WITH_IMM);
@@ -130,6 +135,8 @@ static_assert(kWcGrh == IBV_WC_GRH);
 static_assert(kWcWithImm == IBV_WC_WITH_IMM);
 static_assert(kWcIpCsumOk == IBV_WC_IP_CSUM_OK);
 static_assert(kWcWithInv == IBV_WC_WITH_INV);
+static_assert(kWcTmSyncReq == IBV_WC_TM_SYNC_REQ && kWcTmMatch == IBV_WC_TM_MATCH &&
+              kWcTmDataValid == IBV_WC_TM_DATA_VALID);
 
 static_assert(kReregChangeTranslation == IBV_REREG_MR_CHANGE_TRANSLATION);
 static_assert(kReregChangePd == IBV_REREG_MR_CHANGE_PD);

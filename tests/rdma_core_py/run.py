@@ -72,7 +72,6 @@ HARDWARE = [
 # fails when a count differs: when a feature lands, lower or delete its entry. The README
 # quotes the total (section "rdma-core's python suite").
 NOT_BUILT_YET = [
-    ('tag matching (IBV_WC_EX_WITH_TM_INFO CQs, TM SRQs)', r'^Extended CQ is not supported$', 4),
     # rdma_cm cases find the device's IP through /sys/class/infiniband/<dev>/device/net/;
     # both sides share one IP, which needs daemon hosting: --daemon runs them
     # (NOT_BUILT_YET_DAEMON has no such entry; README support table).
