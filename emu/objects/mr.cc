@@ -3,6 +3,7 @@
 #include "emu/objects/mr.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "emu/objects/device.h"
+#include "emu/objects/maps.h"
 #include "emu/objects/mw.h"
 #include "emu/objects/pool.h"
 
@@ -180,46 +182,15 @@ bool mr_access_writable(uint32_t access) {
 Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t max_size) {
   if (addr + length < addr) return Errc::kInval;  // wraps (ib_umem_get: EINVAL)
   if (length > max_size) return Errc::kInval;
-  const uint64_t end = addr + length;
   const bool need_write = mr_access_writable(access);
-  int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errc::kFault;
-  // Lines are "start-end perms offset dev inode [path]", sorted by start, non-overlapping.
-  // Read in chunks and stop as soon as the range is decided (most buffers sit low in the
-  // address space, so the kernel formats only the first few lines).
-  uint64_t cur = addr;
-  Status verdict = Errc::kFault;
-  bool decided = false;
-  std::string pending;
-  char buf[4096];
-  while (!decided) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    pending.append(buf, static_cast<size_t>(n));
-    size_t pos = 0;
-    for (size_t nl; !decided && (nl = pending.find('\n', pos)) != std::string::npos;
-         pos = nl + 1) {
-      const char* p = pending.c_str() + pos;
-      char* q = nullptr;
-      const uint64_t lo = std::strtoull(p, &q, 16);
-      if (q == nullptr || *q != '-') { decided = true; break; }  // unparsable: EFAULT
-      const uint64_t hi = std::strtoull(q + 1, &q, 16);
-      if (q == nullptr || *q != ' ') { decided = true; break; }
-      const char r = q[1], w = q[2];
-      if (hi <= cur) continue;
-      decided = true;
-      if (lo > cur) break;                  // a hole before this mapping: EFAULT
-      if (r != 'r') break;                  // PROT_NONE (or write-only)
-      if (need_write && w != 'w') break;    // read-only and write access requested
-      cur = hi;
-      decided = cur >= end;
-      if (decided) verdict = Status::ok();
-    }
-    pending.erase(0, pos);
+  std::vector<Mapping> maps;
+  const MapsResult r = read_mappings(addr, addr + length, kStopAtHole, &maps);
+  if (!r.ok || !r.covered) return Errc::kFault;  // a hole (or NULL): EFAULT
+  for (const Mapping& m : maps) {
+    if ((m.prot & PROT_READ) == 0) return Errc::kFault;                // PROT_NONE (or write-only)
+    if (need_write && (m.prot & PROT_WRITE) == 0) return Errc::kFault;  // read-only, write asked
   }
-  ::close(fd);
-  return verdict;
+  return Status::ok();
 }
 
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,

@@ -159,10 +159,11 @@ bool mr_access_writable(uint32_t access);
 // (ib_umem_get) would: [addr, addr+length) overflowing -> EINVAL; length > max_size ->
 // EINVAL; any byte unmapped (NULL, a hole) or in a mapping without read permission
 // (PROT_NONE) -> EFAULT; writable access (mr_access_writable) and a mapping without write
-// permission -> EFAULT. REQUIRES: length != 0. Reads /proc/self/maps once (control path:
-// one open/read/close, tens of microseconds; it is the only source of the protection bits —
-// mincore and process_vm_readv see mapped/readable but not writable, and probing writes
-// would race the application's own stores).
+// permission -> EFAULT. REQUIRES: length != 0. Asks the mappings over the range only
+// (maps.h: one PROCMAP_QUERY per mapping, about a microsecond each; or parsing
+// /proc/self/maps up to the range on kernels before 6.11). They are the only source of the
+// protection bits — mincore and process_vm_readv see mapped/readable but not writable, and
+// probing writes would race the application's own stores.
 Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t max_size);
 
 // Which status a bad local lkey produces. kSpec (default): IBV_WC_LOC_PROT_ERR for every

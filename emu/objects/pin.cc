@@ -3,13 +3,15 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstddef>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -19,7 +21,12 @@
 #include <string>
 #include <thread>
 
+#include "emu/objects/maps.h"
 #include "emu/objects/memory.h"
+
+// glibc 2.35+: the offset of this thread's rseq area from the thread pointer (weak: older
+// libcs have none, and then no rseq area is registered by libc).
+extern "C" [[gnu::weak]] const ptrdiff_t __rseq_offset;
 
 namespace rnic::emu {
 namespace {
@@ -45,17 +52,33 @@ bool sys_mprotect(uint64_t a, size_t n, int prot) { return syscall(SYS_mprotect,
 bool sys_mremap_fixed(uint64_t from, size_t n, uint64_t to) {
   return syscall(SYS_mremap, from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, to) != -1;
 }
-// Copies n bytes of the application at `from` (the kernel copies: a range unmapped meanwhile
-// is EFAULT, never a signal, and bytes of a page outside any allocation are no sanitizer
-// report: the page copy is deliberate).
-bool sys_copy(uint64_t from, void* to, size_t n) {
-  const iovec local{to, n};
-  const iovec remote{reinterpret_cast<void*>(from), n};
-  return syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, &remote, 1, 0) ==
-         static_cast<long>(n);
+// The page copies are file I/O on the memfd, done by the kernel: a range of the application
+// unmapped meanwhile is EFAULT, never a signal; bytes of a page outside any allocation are no
+// sanitizer report (the page copy is deliberate, and raw system calls are not intercepted);
+// and no temporary mapping of the memfd is made (populating and tearing one down cost more
+// than the copy: tests/bench/pin_bench). Loops over short transfers; false on an error.
+bool sys_pwrite_all(int fd, uint64_t from, size_t n, uint64_t off) {
+  while (n != 0) {
+    const long r = syscall(SYS_pwrite64, fd, from, n, off);
+    if (r <= 0) return false;
+    from += static_cast<uint64_t>(r);
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+bool sys_pread_all(int fd, uint64_t to, size_t n, uint64_t off) {
+  while (n != 0) {
+    const long r = syscall(SYS_pread64, fd, to, n, off);
+    if (r <= 0) return false;
+    to += static_cast<uint64_t>(r);
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+  return true;
 }
 
-// One line of /proc/self/maps, clipped to the range asked for.
+// One mapping over the range, clipped to it.
 struct Line {
   uint64_t lo = 0, hi = 0;          // clipped
   uint64_t map_lo = 0, map_hi = 0;  // the whole mapping (its /proc/self/map_files name)
@@ -66,40 +89,30 @@ struct Line {
   std::string path;
 };
 
-// The mappings covering [lo, hi), in order; false if one byte is not mapped.
-bool read_maps(uint64_t lo, uint64_t hi, std::vector<Line>* out) {
+// The mappings covering [lo, hi), in order (maps.h: PROCMAP_QUERY, or /proc/self/maps parsed).
+// whole: the range must be mapped without a hole (false at the first one); else every mapping
+// that intersects it is listed and the result says whether the source answered.
+bool read_maps(uint64_t lo, uint64_t hi, std::vector<Line>* out, bool whole, bool names) {
+  std::vector<Mapping> ms;
+  const MapsResult r =
+      read_mappings(lo, hi, (names ? kNames : 0u) | (whole ? kStopAtHole : 0u), &ms);
   out->clear();
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (f == nullptr) return false;
-  char line[4096 + 256];
-  uint64_t cur = lo;
-  while (cur < hi && std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long a = 0, b = 0, off = 0, ino = 0;
-    char perms[8] = {};
-    unsigned maj = 0, min = 0;
-    int n = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &a, &b, perms, &off, &maj, &min,
-                    &ino, &n) < 7)
-      break;
-    if (b <= cur) continue;
-    if (a > cur) break;  // a hole
+  if (!r.ok) return false;
+  out->reserve(ms.size());
+  for (Mapping& m : ms) {
     Line l;
-    l.map_lo = a;
-    l.map_hi = b;
-    l.lo = cur;
-    l.hi = b < hi ? b : hi;
-    l.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
-             (perms[2] == 'x' ? PROT_EXEC : 0);
-    l.shared = perms[3] == 's';
-    l.off = off + (l.lo - a);
-    l.ino = ino;
-    l.path = line + n;
-    while (!l.path.empty() && (l.path.back() == '\n' || l.path.back() == ' ')) l.path.pop_back();
-    cur = l.hi;
+    l.map_lo = m.lo;
+    l.map_hi = m.hi;
+    l.lo = m.lo > lo ? m.lo : lo;
+    l.hi = m.hi < hi ? m.hi : hi;
+    l.prot = m.prot;
+    l.shared = m.shared;
+    l.off = m.off + (l.lo - m.lo);
+    l.ino = m.ino;
+    l.path = std::move(m.path);
     out->push_back(std::move(l));
   }
-  std::fclose(f);
-  return cur >= hi;
+  return whole ? r.covered : true;
 }
 
 // A memfd holding moved pages.
@@ -165,11 +178,24 @@ bool movable(const Line& l) {
          p.rfind("/memfd:", 0) != 0;
 }
 
-// The mover: a thread of ours that makes every copy under a write freeze. The registering
-// thread cannot: its own stack, or a global next to the buffer, may lie in the frozen pages,
-// and its next store there would fault with nobody left to end the freeze. The mover writes
-// nothing in the application's memory between freeze begin and end (its stack and TLS are
-// its own; results are stored after end), and its first pass resolved every call it makes.
+// Who makes a copy under a write freeze. Between the range becoming read-only and its new
+// pages being in place, the thread doing it must store nothing into the range: its next
+// store there would fault with nobody left to end the freeze. What is stored for it in that
+// window is known: its stack (the frames of the move, below the frame of run_move), errno (a
+// failing system call), its thread control block, where the kernel updates the rseq area
+// when the thread is preempted (a failed update is a SIGSEGV), and whatever a signal handler
+// run on it meanwhile touches. So:
+//   - inline (the registering thread itself) when the range is away from this thread's stack
+//     (kStackBelow under the frame of run_move, kStackAbove over it) and from the pages of its
+//     errno, thread pointer and rseq area; asynchronous signals are blocked for the move (the
+//     synchronous ones, SIGSEGV / SIGBUS, cannot be: a fault would then kill). No thread
+//     hand-off: most registrations.
+//   - otherwise (a buffer on this thread's stack, next to its TLS) on the mover, a thread of
+//     ours whose stack and TLS are its own, with every asynchronous signal blocked for good.
+// Both write nothing else in the window (results are stored after it), and warm_up resolved
+// every call they make there (lazy binding stores into the GOT).
+constexpr uint64_t kStackBelow = 256 << 10, kStackAbove = 16 << 10;
+
 struct Mover {
   std::mutex mu;
   std::condition_variable cv;
@@ -177,27 +203,33 @@ struct Mover {
   bool done = false;
 };
 Mover* g_mover = nullptr;  // leaked: it lives as long as the process
+std::atomic<uint64_t> g_moves_inline{0}, g_moves_mover{0};
+std::atomic<bool> g_force_mover{false};
 
 void warm_up() {
   const uint64_t ps = page_size();
   void* p = sys_mmap(0, ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return;
   const auto a = reinterpret_cast<uint64_t>(p);
-  char b[64];
   sys_mprotect(a, ps, PROT_READ);
-  (void)sys_copy(a, b, sizeof b);
-  std::memcpy(b, p, sizeof b);
   void* q = sys_mmap(0, ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (q != MAP_FAILED) (void)sys_mremap_fixed(reinterpret_cast<uint64_t>(q), ps, a);
   sys_munmap(a, ps);
   if (write_freeze_begin(0, 0)) write_freeze_end();
 }
 
+// The kernel's signal set (8 bytes on Linux): every signal but the synchronous fault signals.
+constexpr uint64_t sig_bit(int s) { return uint64_t{1} << (s - 1); }
+constexpr uint64_t kAsyncSignals =
+    ~(sig_bit(SIGSEGV) | sig_bit(SIGBUS) | sig_bit(SIGILL) | sig_bit(SIGFPE) | sig_bit(SIGTRAP));
+
 // Runs f on the mover and waits for it. REQUIRES: g_mu held (one job at a time).
 void run_on_mover(const std::function<void()>& f) {
   if (g_mover == nullptr) {
     g_mover = new Mover();
     std::thread([m = g_mover] {
+      uint64_t block = kAsyncSignals;
+      syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, nullptr, sizeof block);
       warm_up();
       std::unique_lock lk(m->mu);
       for (;;) {
@@ -219,48 +251,79 @@ void run_on_mover(const std::function<void()>& f) {
   g_mover->cv.wait(lk, [] { return g_mover->done; });
 }
 
+// Runs the move f of [lo, hi) (the pages it freezes) inline or on the mover, as above.
+// REQUIRES: g_mu held.
+[[gnu::noinline]] void run_move(const std::function<void()>& f, uint64_t lo, uint64_t hi) {
+  const uint64_t ps = page_size();
+  const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
+  const bool near_stack = lo < sp + kStackAbove && hi > sp - kStackBelow;
+  // errno (static TLS) lies just below the thread pointer on x86-64 and the rseq area in the
+  // thread control block above it: the pages from the lowest to the highest, one either side.
+  const auto tp = reinterpret_cast<uint64_t>(__builtin_thread_pointer());
+  uint64_t tls_lo = reinterpret_cast<uint64_t>(&errno), tls_hi = tls_lo;
+  auto widen = [&](uint64_t a) {
+    tls_lo = a < tls_lo ? a : tls_lo;
+    tls_hi = a > tls_hi ? a : tls_hi;
+  };
+  widen(tp);
+  if (&__rseq_offset != nullptr) widen(tp + static_cast<uint64_t>(__rseq_offset) + 32);
+  tls_lo = (tls_lo & ~(ps - 1)) - ps;
+  tls_hi = (tls_hi & ~(ps - 1)) + 2 * ps;
+  const bool near_tls = lo < tls_hi && hi > tls_lo;
+  if (near_stack || near_tls || g_force_mover.load(std::memory_order_relaxed)) {
+    g_moves_mover.fetch_add(1, std::memory_order_relaxed);
+    run_on_mover(f);
+    return;
+  }
+  static std::once_flag warm;
+  std::call_once(warm, warm_up);
+  uint64_t block = kAsyncSignals, old = 0;
+  const bool masked =
+      syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, &old, sizeof block) == 0;
+  f();
+  if (masked) syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, sizeof old);
+  g_moves_inline.fetch_add(1, std::memory_order_relaxed);
+}
+
 // Copies [l.lo, l.hi) into b at `off` and maps the memfd over it (same protections) under a
 // write freeze. false: nothing changed (or the application unmapped the range meanwhile).
 bool move_to_memfd(const Line& l, const Backing& b, uint64_t off) {
   const size_t n = l.hi - l.lo;
-  void* tmp = sys_mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED, b.fd, off);
-  if (tmp == MAP_FAILED) return false;
-  const auto t = reinterpret_cast<uint64_t>(tmp);
-  if (!write_freeze_begin(l.lo, l.hi)) {
-    sys_munmap(t, n);
-    return false;
-  }
+  if (!write_freeze_begin(l.lo, l.hi)) return false;
   const bool wr = (l.prot & PROT_WRITE) != 0;
   bool ok = !wr || sys_mprotect(l.lo, n, l.prot & ~PROT_WRITE);
   const bool frozen = ok;
-  if (ok) ok = sys_copy(l.lo, tmp, n);
+  if (ok) ok = sys_pwrite_all(b.fd, l.lo, n, off);
   // One system call replaces the private pages by the memfd's: no access sees a hole.
   if (ok) ok = sys_mmap(l.lo, n, l.prot, MAP_SHARED | MAP_FIXED, b.fd, off) != MAP_FAILED;
   if (!ok && frozen && wr) sys_mprotect(l.lo, n, l.prot);
   write_freeze_end();
-  sys_munmap(t, n);
   return ok;
 }
 
-// Gives [l.lo, l.hi) (a line of a piece) private anonymous pages with the same bytes again,
+// Gives [l.lo, l.hi) (a line of piece p) private anonymous pages with the same bytes again,
 // under the same write freeze as the move: the range is read-only while it is copied, a
 // thread storing into it meanwhile (a heap neighbour of the buffer on the same page) waits in
 // the fault handler and retries on the private pages, and one mremap puts the copy in place
-// atomically (no access sees the range unmapped). freeze: false in a forked child (one
-// thread, nothing to race). If any step fails the range keeps the shared pages (still the
-// application's bytes, only not private).
-void move_to_private(const Line& l, bool freeze) {
+// atomically (no access sees the range unmapped). The bytes are read from the memfd, which
+// the range maps (no device view maps it any more: the piece has no reference left).
+// freeze: false in a forked child (one thread, nothing to race). If any step fails the range
+// keeps the shared pages (still the application's bytes, only not private).
+void move_to_private(const Line& l, int fd, bool freeze) {
   const size_t n = l.hi - l.lo;
   void* tmp = sys_mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (tmp == MAP_FAILED) return;
   const auto t = reinterpret_cast<uint64_t>(tmp);
+  // The private pages are allocated before the freeze, in one pass (no fault per page
+  // during the copy; MADV_POPULATE_WRITE, Linux 5.14: on older kernels the copy faults them).
+  syscall(SYS_madvise, t, n, 23 /* MADV_POPULATE_WRITE */);
   const bool wr = freeze && (l.prot & PROT_WRITE) != 0;
   if (freeze && !write_freeze_begin(l.lo, l.hi)) {
     sys_munmap(t, n);
     return;
   }
   bool frozen = !wr || sys_mprotect(l.lo, n, l.prot & ~PROT_WRITE);
-  bool moved = frozen && sys_copy(l.lo, tmp, n) && sys_mprotect(t, n, l.prot) &&
+  bool moved = frozen && sys_pread_all(fd, t, n, l.off) && sys_mprotect(t, n, l.prot) &&
                sys_mremap_fixed(t, n, l.lo);
   if (!moved) {
     sys_munmap(t, n);
@@ -273,14 +336,15 @@ void move_to_private(const Line& l, bool freeze) {
 // mapping is still ours (it may have been unmapped or replaced meanwhile).
 void restore_locked(const Piece& p, bool freeze) {
   std::vector<Line> lines;
-  read_maps(p.lo, p.hi, &lines);  // a hole (unmapped by the application) is fine
+  // A hole (unmapped by the application) is fine: the lines after it are given back too.
+  read_maps(p.lo, p.hi, &lines, false, false);
   for (const Line& l : lines) {
     if (l.lo >= p.hi) break;
     if (!l.shared || l.ino != p.b->ino || l.off != p.off + (l.lo - p.lo)) continue;
     if (freeze)
-      run_on_mover([&] { move_to_private(l, true); });
+      run_move([&] { move_to_private(l, p.b->fd, true); }, l.lo, l.hi);
     else
-      move_to_private(l, false);
+      move_to_private(l, p.b->fd, false);
   }
 }
 
@@ -326,6 +390,13 @@ size_t pinned_pieces() {
   return g_pieces.size();
 }
 
+PinMoveCounts pin_move_counts() {
+  return {g_moves_inline.load(std::memory_order_relaxed),
+          g_moves_mover.load(std::memory_order_relaxed)};
+}
+
+void pin_force_mover_for_test(bool on) { g_force_mover.store(on, std::memory_order_relaxed); }
+
 std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode) {
   if (len == 0) return nullptr;
   static std::once_flag once;
@@ -341,7 +412,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
 
   std::lock_guard lk(g_mu);
   std::vector<Line> lines;
-  if (!read_maps(lo, hi, &lines)) return r;
+  if (!read_maps(lo, hi, &lines, true, true)) return r;
   split_at_pieces(&lines);
   // Decide every line before changing anything: one line that cannot be shadowed keeps the
   // whole MR direct. Shared mappings other than ours are reopened through map_files.
@@ -400,7 +471,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
     } else if (shared_fd[i] >= 0) {
       ok = map_view(view, lo, l, shared_fd[i], l.off);
     } else {
-      run_on_mover([&] { ok = move_to_memfd(l, *b, moved); });
+      run_move([&] { ok = move_to_memfd(l, *b, moved); }, l.lo, l.hi);
       if (ok) {
         g_pieces[l.lo] = Piece{b, l.lo, l.hi, moved, 1};
         r->pieces_.push_back(l.lo);

@@ -28,7 +28,10 @@
 //     to it meanwhile (a heap neighbour of the buffer on the same page) faults, waits in the
 //     fault handler until the move is done and retries (memory.h: also a fault whose handler
 //     runs late, after its freeze ended or during the next one); one mmap/mremap puts the new
-//     pages in place, so no access sees the range unmapped. The mover makes its mapping changes
+//     pages in place, so no access sees the range unmapped. The move runs on the registering
+//     (or deregistering) thread itself, with asynchronous signals blocked, unless the range is
+//     near that thread's stack or errno, which it stores into during the move: then on the
+//     mover, a persistent thread of ours (pin.cc run_move). Either makes its mapping changes
 //     and the copy with raw system calls: a library hooking mmap/mremap (UCX's UCM) runs none
 //     of its code, which stores into the heap, inside the freeze. A system call writing into
 //     the range during the move (read(2) into a buffer being registered by another thread)
@@ -36,7 +39,11 @@
 //   - fork: the device view is not inherited; the child's copy of a moved range is made private
 //     in the child (as the kernel copies pinned pages at fork), taken right after fork.
 //   - moved ranges lose transparent huge pages and mlock() while registered.
-//   - registration and deregistration copy the range once each (tests/bench/pin_bench.cc).
+//   - registration and deregistration copy the range once each, as file I/O on the memfd
+//     (pwrite of the application's pages into it, pread into fresh private pages populated
+//     beforehand), and look the range's mappings up with PROCMAP_QUERY (maps.h); what is left
+//     is the kernel's per-page work: allocating, copying and freeing every page twice
+//     (tests/bench/pin_bench.cc, `scripts/bench regmr`).
 #pragma once
 
 #include <cstdint>
@@ -77,5 +84,16 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
 
 // Moved pieces alive in this process (tests).
 size_t pinned_pieces();
+
+// Page moves (to the memfd and back) made so far on the registering or deregistering thread
+// itself, and on the mover thread (pin.cc run_move: a range near that thread's stack).
+struct PinMoveCounts {
+  uint64_t inline_moves = 0;
+  uint64_t mover_moves = 0;
+};
+PinMoveCounts pin_move_counts();
+
+// Tests: make every move go to the mover thread (true), or choose as usual (false).
+void pin_force_mover_for_test(bool on);
 
 }  // namespace rnic::emu

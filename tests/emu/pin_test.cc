@@ -202,7 +202,9 @@ TEST(Pin, OverlappingRegistrationsShareAndLastDeregRestores) {
 
 // An application thread keeps incrementing counters in the page while another registers and
 // deregisters it 200 times: the moves (registration) and the returns (dereg) lose no store.
-TEST(Pin, WritesDuringRegistrationAreNotLost) {
+// Both ways of moving (pin.cc run_move): on the registering thread itself (the buffer is far
+// from its stack: the default) and on the mover thread.
+void writes_during_registration(bool mover) {
   auto [dev, pd] = local_device();
   uint8_t* buf = map_pages(2, 0);
   auto* ctr = reinterpret_cast<volatile uint64_t*>(buf + kPage + 512);  // not in the MR
@@ -215,17 +217,29 @@ TEST(Pin, WritesDuringRegistrationAreNotLost) {
     }
   });
   const auto a = reinterpret_cast<uint64_t>(buf);
+  pin_force_mover_for_test(mover);
+  const PinMoveCounts before = pin_move_counts();
   for (int i = 0; i < 200; ++i) {
     auto mr = *dev->reg_mr(pd, a + 8, 2 * kPage - 8, a + 8, kAccessLocalWrite);
     ASSERT_TRUE(mr->shadowed());
     ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
   }
+  const PinMoveCounts after = pin_move_counts();
+  pin_force_mover_for_test(false);
   stop = true;
   t.join();
   EXPECT_GT(mine, 0u);
   EXPECT_EQ(*ctr, mine) << "stores lost while the pages moved";
+  // 200 registrations and 200 give-backs, all of them the way asked for.
+  EXPECT_EQ((mover ? after.mover_moves - before.mover_moves
+                   : after.inline_moves - before.inline_moves), 400u);
+  EXPECT_EQ((mover ? after.inline_moves - before.inline_moves
+                   : after.mover_moves - before.mover_moves), 0u);
   munmap(buf, 2 * kPage);
 }
+
+TEST(Pin, WritesDuringRegistrationAreNotLost) { writes_during_registration(false); }
+TEST(Pin, WritesDuringRegistrationAreNotLostOnTheMover) { writes_during_registration(true); }
 
 // Deregistration gives private pages back while other threads store into heap neighbours of
 // the buffers on the same pages (as malloc's chunk headers next to a registered allocation):
@@ -446,7 +460,10 @@ uint8_t on_stack(Device& dev, const std::shared_ptr<Pd>& pd) {
 
 TEST(Pin, StackAndGlobalBuffers) {
   auto [dev, pd] = local_device();
+  const PinMoveCounts before = pin_move_counts();
   EXPECT_EQ(on_stack(*dev, pd), 99 + 6);
+  // Pages of the registering thread's own stack are moved by the mover (there and back).
+  EXPECT_EQ(pin_move_counts().mover_moves - before.mover_moves, 2u);
   static uint8_t global[2 * 4096];
   global[10] = 3;
   const auto a = reinterpret_cast<uint64_t>(global);
@@ -456,6 +473,40 @@ TEST(Pin, StackAndGlobalBuffers) {
   EXPECT_TRUE(dev->mem().read(mr->view().translate(a + 10), &v, 1));
   EXPECT_EQ(v, 4);
   EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
+}
+
+// A buffer in this thread's static TLS, next to its thread control block (the kernel updates
+// the rseq area there when the thread is preempted): moved by the mover, and a registration
+// far from the stack and the TLS by the registering thread itself.
+thread_local uint8_t tl_buf[3 * 4096];
+
+TEST(Pin, ThreadLocalBufferGoesToTheMover) {
+  auto [dev, pd] = local_device();
+  std::memset(tl_buf, 0x61, sizeof tl_buf);
+  const auto a = reinterpret_cast<uint64_t>(tl_buf);
+  PinMoveCounts before = pin_move_counts();
+  auto mr = *dev->reg_mr(pd, a, sizeof tl_buf, a, kAccessLocalWrite);
+  const bool shadowed = mr->shadowed();
+  tl_buf[7] = 0x62;
+  uint8_t v = 0;
+  EXPECT_TRUE(dev->mem().read(mr->view().translate(a + 7), &v, 1));
+  ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
+  if (!shadowed) GTEST_SKIP() << "static TLS not in movable memory here";
+  EXPECT_EQ(v, 0x62);
+  EXPECT_EQ(tl_buf[8], 0x61);
+  PinMoveCounts after = pin_move_counts();
+  EXPECT_EQ(after.inline_moves, before.inline_moves);
+  EXPECT_GE(after.mover_moves - before.mover_moves, 2u);
+  uint8_t* far = map_pages(2, 0x63);
+  const auto f = reinterpret_cast<uint64_t>(far);
+  before = after;
+  mr = *dev->reg_mr(pd, f, 2 * kPage, f, kAccessLocalWrite);
+  ASSERT_TRUE(mr->shadowed());
+  ASSERT_TRUE(dev->dereg_mr(mr).is_ok());
+  after = pin_move_counts();
+  EXPECT_EQ(after.inline_moves - before.inline_moves, 2u);
+  EXPECT_EQ(after.mover_moves, before.mover_moves);
+  munmap(far, 2 * kPage);
 }
 
 // fork: the child's stores into a registered buffer never reach the parent (as with pinned

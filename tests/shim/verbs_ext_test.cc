@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -562,23 +563,79 @@ TEST_F(VerbsExtTest, ParentDomainQpCqMrCarryTraffic) {
 
 constexpr int kOdpAccess = kAccess | IBV_ACCESS_ON_DEMAND;
 
-// Fresh anonymous pages (not resident until touched), unmapped at scope exit.
+// Fresh anonymous pages (not resident until touched) in which a test can unmap a page (a hole
+// in an ODP MR) that nobody else's mapping takes while the test runs; unmapped at scope exit,
+// except a hole still open.
+// Why the placement: other threads map pages meanwhile (the engine's; ASan's runtime maps one
+// page for a thread's DTV block at its first dynamic TLS access), and mmap(NULL) takes the
+// highest free gap that fits below mmap_base (top-down layout; the legacy bottom-up one takes
+// the lowest above it). A one-page hole among recent mappings is soon someone else's page:
+// the WRITE into the "hole" then succeeds, and remapping the page or unmapping the range at
+// scope exit destroys that page (with ASan: SEGV in DTLS_Destroy when the thread exits, 1 run
+// in 10). Low in the address space (below 2 GiB, in ASan's low application memory) with the
+// free space up to the libraries above, the hole is never the gap mmap(NULL) chooses.
 struct Pages {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size_t n;
-  uint8_t* p;
-  explicit Pages(size_t np) : n(np) {
-    void* m = mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+  uint8_t* p = nullptr;
+  std::vector<bool> hole;
+  explicit Pages(size_t np) : n(np), hole(np, false) {
+    for (uintptr_t at = uintptr_t{1} << 28; at < (uintptr_t{1} << 31) && p == nullptr;
+         at += uintptr_t{1} << 26) {
+      void* m = mmap(reinterpret_cast<void*>(at), n * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (m == reinterpret_cast<void*>(at)) p = static_cast<uint8_t*>(m);
+      else if (m != MAP_FAILED) munmap(m, n * page);  // a kernel without MAP_FIXED_NOREPLACE
+    }
   }
   ~Pages() {
-    if (p) munmap(p, n * page);
+    for (size_t i = 0; p != nullptr && i < n; ++i)
+      if (!hole[i]) munmap(p + i * page, page);
+  }
+  bool punch(size_t i) {
+    if (munmap(p + i * page, page) != 0) return false;
+    hole[i] = true;
+    return true;
+  }
+  // Whether page i is unmapped (mincore: ENOMEM).
+  bool unmapped(size_t i) const {
+    unsigned char v = 0;
+    return mincore(p + i * page, page, &v) != 0 && errno == ENOMEM;
+  }
+  // Maps the hole again, never over a mapping that is not ours.
+  bool refill(size_t i) {
+    void* m = mmap(p + i * page, page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (m != p + i * page) return false;
+    hole[i] = false;
+    return true;
   }
   bool resident(size_t i) const {
     unsigned char v = 0;
     return mincore(p + i * page, page, &v) == 0 && (v & 1);
   }
 };
+
+// The placement above: while a hole is open, pages mapped by another thread (as many as the
+// engine and ASan map in a test, and more) land elsewhere.
+TEST(OdpPages, AHoleIsNotTakenByOtherThreadsMappings) {
+  Pages pg(2);
+  ASSERT_NE(pg.p, nullptr);
+  ASSERT_TRUE(pg.punch(1));
+  std::vector<void*> theirs(256, MAP_FAILED);
+  std::thread([&] {
+    for (void*& m : theirs)
+      m = mmap(nullptr, pg.page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }).join();
+  for (void* m : theirs) {
+    ASSERT_NE(m, MAP_FAILED);
+    EXPECT_NE(m, pg.p + pg.page) << "another thread's mapping took the hole";
+  }
+  EXPECT_TRUE(pg.unmapped(1));
+  for (void* m : theirs)
+    if (m != pg.p + pg.page) munmap(m, pg.page);
+  EXPECT_TRUE(pg.refill(1));  // still free: ours again
+}
 
 int advise(ibv_pd* pd, ibv_advise_mr_advice a, uint32_t flags, uint64_t addr, uint32_t len,
            uint32_t lkey) {
@@ -598,7 +655,7 @@ TEST_F(VerbsExtTest, OdpCapsAndAdviseMrErrnos) {
 
   Pages pg(4);
   ASSERT_NE(pg.p, nullptr);
-  ASSERT_EQ(munmap(pg.p + 3 * pg.page, pg.page), 0);  // page 3: a hole inside the MR
+  ASSERT_TRUE(pg.punch(3));  // page 3: a hole inside the MR
   ibv_mr* m = ibv_reg_mr(pd_, pg.p, 4 * pg.page, kOdpAccess);  // ODP: holes allowed
   ASSERT_NE(m, nullptr) << strerror(errno);
   ibv_mr* ro = ibv_reg_mr(pd_, pg.p, pg.page, IBV_ACCESS_ON_DEMAND);  // no LOCAL_WRITE
@@ -638,6 +695,7 @@ TEST_F(VerbsExtTest, OdpCapsAndAdviseMrErrnos) {
   EXPECT_EQ(advise(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, IBV_ADVISE_MR_FLAG_FLUSH,
                    a + 2 * pg.page, 64, m->lkey), 0);
   EXPECT_FALSE(pg.resident(2));  // NO_FAULT maps only what is present
+  EXPECT_TRUE(pg.unmapped(3)) << "the hole became another mapping during the test";
 
   // Implicit ODP needs ON_DEMAND; rereg cannot change ODP-ness.
   errno = 0;
@@ -680,7 +738,7 @@ TEST_F(VerbsExtTest, OdpSendIntoUntouchedPagesThenWriteIntoAHole) {
   EXPECT_EQ(rc.byte_len, kLen);
   EXPECT_EQ(std::memcmp(pg.p, buf_[0].data(), kLen), 0);
 
-  ASSERT_EQ(munmap(pg.p + pg.page, pg.page), 0);
+  ASSERT_TRUE(pg.punch(1));
   w.opcode = IBV_WR_RDMA_WRITE;
   w.wr_id = 32;
   w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(pg.p + pg.page);
@@ -688,10 +746,7 @@ TEST_F(VerbsExtTest, OdpSendIntoUntouchedPagesThenWriteIntoAHole) {
   ASSERT_EQ(ibv_post_send(qp_[0], &w, &bad), 0);
   ibv_wc wc = poll(0);
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
-  // Remap the page so ~Pages unmaps what it mapped.
-  void* back = mmap(pg.p + pg.page, pg.page, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-  EXPECT_NE(back, MAP_FAILED);
+  EXPECT_TRUE(pg.unmapped(1)) << "the hole became another mapping during the test";
   EXPECT_EQ(ibv_dereg_mr(odp), 0);
   EXPECT_EQ(ibv_dereg_mr(imp), 0);
 }
