@@ -62,6 +62,10 @@ enum class Ctr : uint8_t {
                         // unacknowledged packet resent; no retry_cnt spent)
   kMtuExceeded,         // mtu_exceeded (ours): a packet longer than the receiving QP's path MTU
                         // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
+  // The responder's out-of-sequence stash (docs/congestion.md §2):
+  kStashStored,         // stash_stored (ours): RC requests after a gap kept for in-order replay
+  kStashReplayed,       // stash_replayed (ours): stashed requests executed once the gap filled
+  kStashFull,           // stash_full (ours): requests after a gap dropped, no stash room
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);
