@@ -159,13 +159,24 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   // what was sent before it, the responder lacks the next PSN (it does not stash, or that
   // one was lost as well, or its stash was full): go back N from there, as the in-order
   // recovery does, window cut included.
-  bool sel_goback = false;
+  // Acknowledged past the resent PSN itself, the responder stashes (it executed packets it
+  // kept): the gap at comp psn is another loss whose NAK was lost (or is not due yet):
+  // resend that one alone as well instead of going back.
+  bool sel_goback = false, sel_again = false;
   if (c.win.sel_out && psn_diff(c.psn, c.win.sel_psn) > 0) {
     c.win.sel_out = false;
+    probe_answered = false;
     if (psn_diff(c.win.sel_end, c.psn) > 0) {
-      sel_goback = true;
-      probe_answered = false;
-      window_cut(e, qp, true);
+      const int i = first_active(qp);
+      if (c.psn != psn_add(c.win.sel_psn, 1) && i >= 0 &&
+          !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+        sel_again = true;
+        c.win.sel_out = true;
+        c.win.sel_psn = c.psn;
+      } else {
+        sel_goback = true;
+        window_cut(e, qp, true);
+      }
     }
   }
   c.win.probe_out = false;
@@ -182,6 +193,7 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   }
   comp_disarm_retrans(c);
   if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
+  if (sel_again && qp.state() == QpState::kRts) req_probe(e, qp);
 }
 
 // A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one, not below kLossFloor) or a

@@ -641,6 +641,43 @@ TEST_F(StashTest, TwoDropsCostTwoResends) {
   EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
 }
 
+// Two gaps and the NAK for the second one lost: the probe resends the first (a duplicate by
+// now); its re-ACK stops at the second gap but past the resent PSN, so the responder stashes:
+// the requester resends the second gap's packet alone too, and goes back over nothing.
+TEST_F(StashTest, LostNakForASecondGapCostsOneMoreResend) {
+  struct DropNak : wire::PacketFilter {
+    uint32_t psn = 0;
+    int dropped = 0;
+    wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                            std::span<uint8_t> roce, wire::FilterOut&) override {
+      wire::PacketView v;
+      if (dir != wire::Direction::kRx || wire::parse_roce(roce, &v) != wire::ParseError::kOk)
+        return wire::Verdict::kPass;
+      if (v.opcode == op::kRcAcknowledge && aeth::is_nak(v.aeth().syndrome()) &&
+          v.bth().psn() == psn && dropped == 0) {
+        ++dropped;
+        return wire::Verdict::kDrop;
+      }
+      return wire::Verdict::kPass;
+    }
+  } cf;
+  cf.psn = kFirst + 30;
+  ASSERT_TRUE(c.eng->port().set_filter(&cf));
+  sf.drop_once = {kFirst + 10, kFirst + 30};
+  post_write(1, 0);
+  auto cq = run_until(1);
+  c.eng->port().set_filter(nullptr);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  EXPECT_EQ(cf.dropped, 1);
+  // 110 (NAK), 110 again (probe), 130 (the re-ACK stopped there).
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 3u);
+  EXPECT_EQ(cctr(Ctr::kRetransProbes), 1u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+}
+
 // A responder that does not stash (SOFTRNIC_RC_STASH=0, as ConnectX and rxe): the selective
 // resend draws an ACK of exactly the resent PSN, and the requester goes back N from the next
 // one (one round trip later than in-order recovery did): still correct, the same resends.
