@@ -147,6 +147,13 @@ struct SendWindow {
   bool sel_out = false;
   uint32_t sel_psn = 0;
   uint32_t sel_end = 0;
+  // Selective resends in a row whose answer showed an in-order responder (ConnectX, rxe, a
+  // softrnic with SOFTRNIC_RC_STASH=0): at kInorderVotes the QP stops trying and goes back N
+  // at once on a NAK, as before the stash, so such a peer pays two round trips in all, not
+  // one per loss. Back to 0 when an answer shows a stash. (Two, not one: with a stashing
+  // peer a loss of the PSN after the resent one also looks in-order, with chance p.)
+  uint8_t inorder_votes = 0;
+  static constexpr uint8_t kInorderVotes = 2;
 };
 
 // Completer state (comp.cc), timers and the per-QP counters. Guarded by the QP send lock,

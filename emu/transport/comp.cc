@@ -170,13 +170,18 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
       const int i = first_active(qp);
       if (c.psn != psn_add(c.win.sel_psn, 1) && i >= 0 &&
           !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+        c.win.inorder_votes = 0;
         sel_again = true;
         c.win.sel_out = true;
         c.win.sel_psn = c.psn;
       } else {
+        if (c.psn == psn_add(c.win.sel_psn, 1) && c.win.inorder_votes < SendWindow::kInorderVotes)
+          ++c.win.inorder_votes;
         sel_goback = true;
         window_cut(e, qp, true);
       }
+    } else {
+      c.win.inorder_votes = 0;  // everything sent before the resend acknowledged: it stashed
     }
   }
   c.win.probe_out = false;
@@ -379,6 +384,7 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
     // nor for a READ/ATOMIC (its responses are the rest).
     const int i = first_active(qp);
     if (i >= 0 && qp.req_.psn == qp.req_.max_psn &&
+        c.win.inorder_votes < SendWindow::kInorderVotes &&
         !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
       c.win.sel_out = true;
       c.win.sel_psn = c.psn;

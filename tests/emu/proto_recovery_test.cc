@@ -695,6 +695,31 @@ TEST_F(StashTest, NonStashingPeerGoesBackAfterOneRoundTrip) {
   EXPECT_EQ(cctr(Ctr::kWindowCuts), 1u);
 }
 
+// An in-order peer answers two selective resends in a row as in-order; the QP then stops
+// trying them (each would cost that peer a round trip) and goes back at once on the next
+// NAK, as before the stash. A stashing peer keeps the QP selective.
+TEST_F(StashTest, InOrderPeerLearnedAfterTwoLosses) {
+  // Stashing first: once learned, in-order stays for the QP's life.
+  for (bool stash : {true, false}) {
+    SCOPED_TRACE(stash ? "stashing peer" : "in-order peer");
+    s.dev->set_rc_stash(stash);
+    const uint64_t retrans0 = cctr(Ctr::kRetransPkts);
+    // Three messages, one loss each (PSN 10 of each), one after the other.
+    for (uint32_t m = 0; m < 3; ++m) {
+      const uint32_t base = qc->req_.psn;
+      sf.drop_once = {base + 10};
+      post_write(m + 1, size_t(m) * kLen);
+      auto cq = run_until(1);
+      ASSERT_EQ(cq.size(), 1u);
+      EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+      EXPECT_EQ(qc->comp_.win.inorder_votes, stash ? 0u : std::min<uint32_t>(m + 1, 2u)) << m;
+    }
+    EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), 3 * size_t(kLen)));
+    // In order: 54 per loss (the resent PSN, then the rest by the go-back); stashing: 1.
+    EXPECT_EQ(cctr(Ctr::kRetransPkts) - retrans0, stash ? 3u : 3 * 54u);
+  }
+}
+
 // The stash is bounded: at most kStashPerQp PSNs past the gap per QP, and the device's pool
 // (kStashSlots) across QPs. Three QPs each lose their first packet with a full window behind
 // it: the third finds the pool nearly used up, the packets with no room are dropped and
