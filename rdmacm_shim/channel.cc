@@ -82,19 +82,44 @@ void purge_events(Id* id, Channel* to) {
 
 namespace {
 
+void wake(Channel* ch) {
+  uint64_t one = 1;
+  ssize_t w = write(ch->pub.fd, &one, sizeof one);
+  (void)w;
+}
+
 int get_event(Channel* ch, rdma_cm_event** out) {
+  {
+    std::lock_guard<std::mutex> lk(g().mu);
+    if (ch->closed) return fail(EBADF);
+    ++ch->waiters;
+  }
   for (;;) {
     uint64_t v = 0;
     ssize_t r = read(ch->pub.fd, &v, sizeof v);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -1;  // EAGAIN when the application made the fd non-blocking
+    const int err = errno;
+    std::unique_lock<std::mutex> lk(g().mu);
+    if (ch->closed) {
+      // Destroyed while this thread waited (rdma_destroy_event_channel).
+      if (--ch->waiters == 0) {
+        lk.unlock();
+        close(ch->pub.fd);
+        delete ch;
+      } else {
+        wake(ch);  // the next waiter
+      }
+      return fail(EBADF);
     }
-    std::lock_guard<std::mutex> lk(g().mu);
+    if (r < 0) {
+      if (err == EINTR) continue;
+      --ch->waiters;
+      return fail(err);  // EAGAIN when the application made the fd non-blocking
+    }
     if (ch->q.empty()) continue;  // a purged event's spare count
     Event* ev = ch->q.front();
     ch->q.pop_front();
     ev->owner->reported++;
+    --ch->waiters;
     *out = &ev->pub;
     return 0;
   }
@@ -139,6 +164,12 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
     std::lock_guard<std::mutex> lk(g().mu);
     for (Event* e : c->q) delete e;
     c->q.clear();
+    if (c->waiters > 0) {
+      // A thread is in rdma_get_cm_event on it: that one frees it (get_event).
+      c->closed = true;
+      wake(c);
+      return;
+    }
   }
   close(c->pub.fd);
   delete c;

@@ -67,6 +67,11 @@ inline Event* to_event(rdma_cm_event* e) { return reinterpret_cast<Event*>(e); }
 struct Channel {
   rdma_event_channel pub;
   std::deque<Event*> q;  // guarded by g().mu
+  // rdma_destroy_event_channel while threads wait in rdma_get_cm_event (rping's CM thread
+  // does): the channel is marked closed, the waiters are woken one by one and fail with
+  // EBADF, and the last one out closes the fd and frees the channel. Guarded by g().mu.
+  int waiters = 0;
+  bool closed = false;
 };
 inline Channel* to_channel(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
 

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -141,6 +142,29 @@ TEST_F(Cma, ChannelFdIsPollableAndHonoursNonBlocking) {
   EXPECT_EQ(errno, EAGAIN);
   rdma_ack_cm_event(ev);
   EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
+// rping destroys its channel while its CM thread still waits in rdma_get_cm_event: the
+// waiters fail with EBADF and the channel is freed by the last one (ASan saw a
+// use-after-free here when destroy freed it under them).
+TEST_F(Cma, DestroyChannelWhileThreadsWaitInGetEvent) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  std::atomic<int> done{0}, ebadf{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&] {
+      rdma_cm_event* ev = nullptr;
+      int rc = rdma_get_cm_event(ch, &ev);
+      if (rc == -1 && errno == EBADF) ++ebadf;
+      ++done;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let them block in read()
+  EXPECT_EQ(done.load(), 0) << "get_cm_event returned with no event";
+  rdma_destroy_event_channel(ch);
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(ebadf.load(), 3);
 }
 
 TEST_F(Cma, ResolveAddrAndRouteFillTheIdAsTheKernel) {
