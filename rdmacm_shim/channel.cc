@@ -82,12 +82,6 @@ void purge_events(Id* id, Channel* to) {
 
 namespace {
 
-void wake(Channel* ch) {
-  uint64_t one = 1;
-  ssize_t w = write(ch->pub.fd, &one, sizeof one);
-  (void)w;
-}
-
 int get_event(Channel* ch, rdma_cm_event** out) {
   {
     std::lock_guard<std::mutex> lk(g().mu);
@@ -100,13 +94,10 @@ int get_event(Channel* ch, rdma_cm_event** out) {
     const int err = errno;
     std::unique_lock<std::mutex> lk(g().mu);
     if (ch->closed) {
-      // Destroyed while this thread waited (rdma_destroy_event_channel).
+      // Destroyed while this thread waited (rdma_destroy_event_channel closed the fd).
       if (--ch->waiters == 0) {
         lk.unlock();
-        close(ch->pub.fd);
         delete ch;
-      } else {
-        wake(ch);  // the next waiter
       }
       return fail(EBADF);
     }
@@ -165,9 +156,10 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
     for (Event* e : c->q) delete e;
     c->q.clear();
     if (c->waiters > 0) {
-      // A thread is in rdma_get_cm_event on it: that one frees it (get_event).
+      // A thread is in rdma_get_cm_event on it: it stays blocked, as on the kernel's file,
+      // and frees the channel should its read return (get_event).
       c->closed = true;
-      wake(c);
+      close(c->pub.fd);
       return;
     }
   }

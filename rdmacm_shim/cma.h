@@ -68,8 +68,10 @@ struct Channel {
   rdma_event_channel pub;
   std::deque<Event*> q;  // guarded by g().mu
   // rdma_destroy_event_channel while threads wait in rdma_get_cm_event (rping's CM thread
-  // does): the channel is marked closed, the waiters are woken one by one and fail with
-  // EBADF, and the last one out closes the fd and frees the channel. Guarded by g().mu.
+  // does): as with the kernel's rdma_cm file, the fd is closed and the waiters stay blocked
+  // in their read (a close does not wake it; rping then exits from main). The channel is
+  // marked closed and not freed under them: should a read ever return, that waiter fails
+  // with EBADF and the last one frees it. Guarded by g().mu.
   int waiters = 0;
   bool closed = false;
 };
