@@ -129,7 +129,9 @@ TEST_F(SecurityTest, S32s_StrictSrcLatchDropsForgedWriteFromOtherPort) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(qctr(qs_, Ctr::kRdmaRecvs), 2u);
-  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  // A did not move the ePSN: every duplicate S saw is one of C's own resends (a loaded
+  // machine may fire C's probe timer), none is C's genuine PSN kPsn + 1 taken as old.
+  EXPECT_LE(qctr(qs_, Ctr::kDuplicateRequest), qctr(qc_, Ctr::kRetransPkts));
   EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
   for (uint32_t i = 512; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
   EXPECT_TRUE(dst_->guards_ok());
@@ -185,7 +187,7 @@ TEST_F(SecurityTest, S32s_StrictSrcFixedPortDropsForgedFirstPacket) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
-  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  EXPECT_LE(qctr(qs_, Ctr::kDuplicateRequest), qctr(qc_, Ctr::kRetransPkts));  // only C's resends
   EXPECT_TRUE(dst_->guards_ok());
 }
 
@@ -209,7 +211,7 @@ TEST_F(SecurityTest, S33_ForgedWriteFromForeignIpDroppedAtAddressCheck) {
   EXPECT_EQ(std::memcmp(dst_->data(), src_->data(), 512), 0);
   for (uint32_t i = 512; i < kLen; ++i) ASSERT_EQ(dst_->data()[i], 0x5a) << i;
   EXPECT_TRUE(dst_->guards_ok());
-  EXPECT_EQ(qctr(qs_, Ctr::kDuplicateRequest), 0u);
+  EXPECT_LE(qctr(qs_, Ctr::kDuplicateRequest), qctr(qc_, Ctr::kRetransPkts));  // only C's resends
   EXPECT_EQ(qc_->state(), QpState::kRts);
   EXPECT_EQ(qs_->state(), QpState::kRts);
 }
