@@ -105,6 +105,12 @@ const VarDecl kVars[] = {
              "source port first seen from it",
      .reader = "services",
      .store = [](Config* c, const VarValue& v) { c->strict_src = v.b; }},
+    {.name = "SOFTRNIC_RC_STASH", .type = VarType::kBool, .default_text = "`1`",
+     .values = "`0`, `1`",
+     .help = "1: an RC responder keeps SEND/WRITE packets arriving after a lost one and executes "
+             "them once it is resent (one resend per loss); 0: in order only, as ConnectX and rxe",
+     .reader = "services",
+     .store = [](Config* c, const VarValue& v) { c->rc_stash = v.b; }},
     {.name = "SOFTRNIC_STRICT_SRC_PORT", .type = VarType::kU32, .default_text = "none",
      .values = "a UDP port 1..65535, e.g. 4791",
      .help = "the fixed UDP source port the peer must use; implies SOFTRNIC_STRICT_SRC=1",

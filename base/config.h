@@ -77,6 +77,7 @@ struct Config {
   std::optional<bool> secure_keys;           // SOFTRNIC_SECURE_KEYS (services)
   std::optional<bool> strict_src;            // SOFTRNIC_STRICT_SRC (services)
   uint16_t strict_src_port = 0;              // SOFTRNIC_STRICT_SRC_PORT (services)
+  std::optional<bool> rc_stash;              // SOFTRNIC_RC_STASH (services)
   ControlSocket control = ControlSocket::kOn;  // SOFTRNIC_CONTROL (services)
   uint32_t cm_max_wait_ms = 0;               // SOFTRNIC_CM_MAX_WAIT_MS, 0 = IBA timers (cm)
   std::string runtime_dir;                   // SOFTRNIC_RUNTIME_DIR (control, tools)

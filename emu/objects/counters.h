@@ -64,6 +64,10 @@ enum class Ctr : uint8_t {
                         // (RC: Invalid Request NAK; UC: dropped; UD: above the port MTU, dropped)
   kTmBadHeader,         // tm_bad_header (ours): a SEND to a TM SRQ without a valid TMH/RVH
                         // (shorter than it, unknown opcode, RNDV too long): Invalid Request NAK
+  // The responder's out-of-sequence stash (docs/congestion.md §2):
+  kStashStored,         // stash_stored (ours): RC requests after a gap kept for in-order replay
+  kStashReplayed,       // stash_replayed (ours): stashed requests executed once the gap filled
+  kStashFull,           // stash_full (ours): requests after a gap dropped, no stash room
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

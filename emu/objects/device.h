@@ -213,6 +213,10 @@ class Device : public std::enable_shared_from_this<Device> {
   static constexpr uint32_t kStrictLatch = 1u << 16;
   static constexpr uint32_t kStrictFixed = 1u << 17;
   void set_strict_src(bool on, uint16_t port = 0);
+  // RC responder: keep requests arriving after a gap and execute them once it fills
+  // (SOFTRNIC_RC_STASH; docs/congestion.md §2). Off: in order only, later packets discarded.
+  void set_rc_stash(bool on) { rc_stash_.store(on, std::memory_order_relaxed); }
+  bool rc_stash() const { return rc_stash_.load(std::memory_order_relaxed); }
   uint32_t strict_src_mode() const { return strict_src_.load(std::memory_order_relaxed); }
   // Switch the key table to secure keys (DeviceConfig::secure_keys) after open(); only before
   // any MR/MW key was issued (EBUSY after). Used when the mode comes from the environment.
@@ -373,6 +377,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<PortState> port_state_{PortState::kActive};
   std::atomic<uint32_t> bad_pkey_cntr_{0}, qkey_viol_cntr_{0};
   std::atomic<uint32_t> strict_src_{0};
+  std::atomic<bool> rc_stash_{true};
   std::vector<GidEntry> gids_;
   AsyncEventQueue events_;
   std::atomic<bool> fatal_{false};

@@ -136,6 +136,11 @@ struct RespState {
   std::shared_ptr<Srq> xrc_srq;
   wire::Endpoint dst;            // RC: where ACKs and responses go (the QP's AV)
   wire::IpUdpMeta meta;
+  // Out-of-sequence stash (resp.cc, emu/transport/stash.h): slot index per PSN &
+  // (kStashPerQp - 1), -1 = empty; allocated on the first stashed packet.
+  std::vector<int32_t> stash;
+  uint32_t stash_n = 0;          // entries held
+  bool in_drain = false;         // executing stashed packets: ACKs are held to the end
 };
 
 // Loss recovery and the sending window of an RC requester (comp.cc, docs/congestion.md).
@@ -164,6 +169,19 @@ struct SendWindow {
   uint64_t rtt_t0_ns = 0;
   uint64_t srtt_ns = 0;
   uint64_t rttvar_ns = 0;
+  // Selective resend (comp.cc nak): after a PSN-sequence NAK for sel_psn only that packet
+  // went again; the answer that passes it decides: short of sel_end (max_psn then) the
+  // responder lacks the next PSN too (it does not stash, or that one was lost): go back N.
+  bool sel_out = false;
+  uint32_t sel_psn = 0;
+  uint32_t sel_end = 0;
+  // Selective resends in a row whose answer showed an in-order responder (ConnectX, rxe, a
+  // softrnic with SOFTRNIC_RC_STASH=0): at kInorderVotes the QP stops trying and goes back N
+  // at once on a NAK, as before the stash, so such a peer pays two round trips in all, not
+  // one per loss. Back to 0 when an answer shows a stash. (Two, not one: with a stashing
+  // peer a loss of the PSN after the resent one also looks in-order, with chance p.)
+  uint8_t inorder_votes = 0;
+  static constexpr uint8_t kInorderVotes = 2;
 };
 
 // Completer state (comp.cc), timers and the per-QP counters. Guarded by the QP send lock,

@@ -31,6 +31,7 @@ ServicesOptions ServicesOptions::from_config(const base::Config& c) {
   o.secure_keys = c.secure_keys;
   o.strict_src = c.strict_src;
   o.strict_src_port = c.strict_src_port;
+  o.rc_stash = c.rc_stash;
   switch (c.control) {
     case base::ControlSocket::kOn: o.control = ControlMode::kOn; break;
     case base::ControlSocket::kOff: o.control = ControlMode::kOff; break;
@@ -43,7 +44,8 @@ std::string ServicesOptions::from_env(ServicesOptions* out) {
   static constexpr std::string_view kVars[] = {
       "SOFTRNIC_FAULTS",      "SOFTRNIC_FAULTS_FILE", "SOFTRNIC_FAULT_SEED",
       "SOFTRNIC_FAULT_TRACE", "SOFTRNIC_PCAP",        "SOFTRNIC_SECURE_KEYS",
-      "SOFTRNIC_STRICT_SRC",  "SOFTRNIC_STRICT_SRC_PORT", "SOFTRNIC_CONTROL"};
+      "SOFTRNIC_STRICT_SRC",  "SOFTRNIC_STRICT_SRC_PORT", "SOFTRNIC_CONTROL",
+      "SOFTRNIC_RC_STASH"};
   base::Config c;
   if (std::string e = base::parse_config(base::process_env(), &c, kVars); !e.empty()) return e;
   *out = from_config(c);
@@ -67,6 +69,7 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
     return nullptr;
   }
   if (opt.strict_src) dev->set_strict_src(*opt.strict_src, opt.strict_src_port);
+  if (opt.rc_stash) dev->set_rc_stash(*opt.rc_stash);
   std::unique_ptr<DeviceServices> s(new DeviceServices(dev));
   s->always_filter_ = opt.always_filter;
 

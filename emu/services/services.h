@@ -96,6 +96,7 @@ struct ServicesOptions {
   std::optional<bool> secure_keys;
   std::optional<bool> strict_src;
   uint16_t strict_src_port = 0;  // with strict_src: 0 = latch first-seen port
+  std::optional<bool> rc_stash;  // SOFTRNIC_RC_STASH (Device::set_rc_stash)
   ControlServer::Options control_opts;  // runtime_dir etc. (empty = control_runtime_dir())
   // Install the filter even with no rule and no capture (measurements, tests).
   bool always_filter = false;

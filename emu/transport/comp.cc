@@ -134,6 +134,8 @@ void do_retry(Engine& e, Qp& qp) {
   req_retry(e, qp);
 }
 
+void window_cut(Engine& e, Qp& qp, bool loss);
+
 // Forward progress: comp psn moved from psn0. Retry counts back to full, the window grows,
 // the retransmit timers restart without backoff.
 void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
@@ -151,8 +153,37 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
   // the NAK or the resend was lost. Go back at once instead of waiting for the NAK that the
   // next new packet would draw (one round trip). A late ACK of exactly that PSN makes this
   // resend packets the responder has: duplicates, answered and not executed.
-  const bool probe_answered = c.win.probe_out && psn0 == c.win.probe_psn &&
-                              c.psn == psn_add(psn0, 1);
+  bool probe_answered = c.win.probe_out && psn0 == c.win.probe_psn &&
+                        c.psn == psn_add(psn0, 1);
+  // The answer to a selective resend (nak): acknowledged past the resent PSN but short of
+  // what was sent before it, the responder lacks the next PSN (it does not stash, or that
+  // one was lost as well, or its stash was full): go back N from there, as the in-order
+  // recovery does, window cut included.
+  // Acknowledged past the resent PSN itself, the responder stashes (it executed packets it
+  // kept): the gap at comp psn is another loss whose NAK was lost (or is not due yet):
+  // resend that one alone as well instead of going back.
+  bool sel_goback = false, sel_again = false;
+  if (c.win.sel_out && psn_diff(c.psn, c.win.sel_psn) > 0) {
+    c.win.sel_out = false;
+    probe_answered = false;
+    if (psn_diff(c.win.sel_end, c.psn) > 0) {
+      const int i = first_active(qp);
+      if (c.psn != psn_add(c.win.sel_psn, 1) && i >= 0 &&
+          !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+        c.win.inorder_votes = 0;
+        sel_again = true;
+        c.win.sel_out = true;
+        c.win.sel_psn = c.psn;
+      } else {
+        if (c.psn == psn_add(c.win.sel_psn, 1) && c.win.inorder_votes < SendWindow::kInorderVotes)
+          ++c.win.inorder_votes;
+        sel_goback = true;
+        window_cut(e, qp, true);
+      }
+    } else {
+      c.win.inorder_votes = 0;  // everything sent before the resend acknowledged: it stashed
+    }
+  }
   c.win.probe_out = false;
   const uint64_t now = wire::monotonic_ns();
   const int32_t acked = psn_diff(c.psn, psn0);
@@ -160,10 +191,14 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
     win_on_progress(c.win, static_cast<uint32_t>(acked), c.psn, now);
   // Acknowledged past what a go-back was about to resend (the loss was a delay): resume at
   // the first unacknowledged PSN instead of resending acknowledged packets.
-  if (psn_diff(c.psn, r.psn) > 0 || (probe_answered && psn_diff(r.psn, c.psn) > 0))
+  if (sel_goback) {
+    do_retry(e, qp);  // the in-order peer's go-back spends a retry_cnt, as a NAK's always did
+  } else if (psn_diff(c.psn, r.psn) > 0 || (probe_answered && psn_diff(r.psn, c.psn) > 0)) {
     req_retry(e, qp);
+  }
   comp_disarm_retrans(c);
   if (c.timeout_ns != 0 && psn_diff(r.max_psn, c.psn) > 0) comp_arm_retrans(e, qp, now);
+  if (sel_again && qp.state() == QpState::kRts) req_probe(e, qp);
 }
 
 // A loss (PSN-sequence NAK, lost READ/ATOMIC response: every one, not below kLossFloor) or a
@@ -269,6 +304,7 @@ struct Resp {
   SendWqe* wqe = nullptr;  // kGetWqe: the READ/ATOMIC WQE this response answers
   bool progress = false;   // something was acknowledged: kUpdateComp runs on_progress
   bool retry = false;      // go back N after retiring
+  bool resend_one = false; // selective: resend only the packet at comp psn (nak)
 };
 
 // Go back N once per episode of lost responses: the latch holds until comp psn passes
@@ -340,6 +376,22 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
   const uint8_t code = aeth::value(k.p.aeth().syndrome());
   if (code == aeth::kNakPsnSeqError) {
     bump(c.ctr, e.counters(), Ctr::kRcvdSeqErr);
+    c.win.sel_out = false;
+    // Selective first: resend the NAK'd packet alone and let its answer say whether the
+    // responder kept what followed (a stashing responder acknowledges past it; one that
+    // discards out-of-order packets, as ConnectX and rxe, acknowledges exactly it, and the
+    // go-back follows one round trip later: on_progress). Not while a go-back is resending,
+    // nor for a READ/ATOMIC (its responses are the rest).
+    const int i = first_active(qp);
+    if (i >= 0 && qp.req_.psn == qp.req_.max_psn &&
+        c.win.inorder_votes < SendWindow::kInorderVotes &&
+        !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+      c.win.sel_out = true;
+      c.win.sel_psn = c.psn;
+      c.win.sel_end = qp.req_.max_psn;
+      k.resend_one = true;
+      return CompStep::kUpdateComp;
+    }
     k.retry = true;  // resend from the NAK's PSN (comp psn now), as the halved window allows
     window_cut(e, qp, true);
     return CompStep::kUpdateComp;
@@ -462,6 +514,7 @@ void comp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p) {
         break;
       case CompStep::kCompleteWqe:
         comp_retire(e, qp);
+        if (k.resend_one && qp.state() == QpState::kRts) req_probe(e, qp);
         next = k.retry && qp.state() == QpState::kRts ? CompStep::kErrorRetry : CompStep::kDone;
         break;
       case CompStep::kErrorRetry:

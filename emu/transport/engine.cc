@@ -680,6 +680,7 @@ void stop_requester(Qp& qp, QpState to) {
 }  // namespace
 
 void Engine::on_modify(Qp& qp, QpState from, QpState to) {
+  if (from != to) resp_stash_clear(*this, qp);  // requests held past a gap go with the state
   const QpAttr& a = qp.attr();
   const bool ud = qp.type() == QpType::kUd;
   uint32_t port_mtu = 1024;
@@ -738,6 +739,7 @@ void Engine::on_destroy(Qp& qp) {
   qp.comp_.dead = true;
   qp.req_.ready = false;
   qp.resp_.ready = false;
+  resp_stash_clear(*this, qp);
   comp_disarm_retrans(qp.comp_);
   qp.comp_.rnr_deadline_ns = 0;
   // A timer entry of the QP stays in the heap until it is due; its weak_ptr is dead by then

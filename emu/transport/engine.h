@@ -54,6 +54,7 @@
 #include "emu/objects/hooks.h"
 #include "emu/objects/status.h"
 #include "emu/transport/gsi.h"
+#include "emu/transport/stash.h"
 #include "wire/port.h"
 
 namespace rnic::emu {
@@ -184,6 +185,7 @@ class Engine final : public TransportHooks {
   const EngineConfig& config() const { return cfg_; }
   // Device-wide counters (sum over QPs, plus drops before a QP is known).
   Counters& counters() { return ctr_; }
+  StashPool& stash_pool() { return stash_; }
   // Optional fault engine whose held/injected packets must be drained after port I/O
   // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned; install before traffic starts.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
@@ -287,6 +289,7 @@ class Engine final : public TransportHooks {
   bool gso_ = true;
 
   // receive context
+  StashPool stash_;
   std::mutex rx_mu_;
   static constexpr int kRxBatch = 32;
   static constexpr uint32_t kRxBufBytes = 65536;  // a GRO buffer holds many datagrams

@@ -489,6 +489,7 @@ void req_retry(Engine& e, Qp& qp) {
   r.psn = c.psn;
   r.pkts_since_ackreq = 0;
   c.win.probe_out = false;
+  c.win.sel_out = false;
   win_rtt_cancel(c.win);  // Karn: no RTT sample across a retransmission
 }
 

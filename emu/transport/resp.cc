@@ -190,6 +190,23 @@ void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
   }
 }
 
+// Owes an ACK for psn, replacing any owed one (never sent early): the stash replay
+// acknowledges only the last PSN it completed, so the requester sees one answer.
+void hold_ack(Engine& e, Qp& qp, uint32_t psn) {
+  RespState& s = qp.resp_;
+  s.ack_pending = true;
+  s.ack_reqs = 0;
+  s.ack_psn = psn;
+  s.ack_msn = s.msn;
+  if (!s.ack_listed) {
+    if (e.defer_ack(qp)) {
+      s.ack_listed = true;
+    } else {
+      emit_pending_ack(e, qp);
+    }
+  }
+}
+
 void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
   wire::PacketFields f;
   f.opcode = op::kRcAcknowledge;
@@ -406,6 +423,59 @@ void uc_abort(Qp& qp) {
 
 // ---- checks ----
 
+// ---- out-of-sequence stash (docs/congestion.md §2) ----
+
+constexpr uint32_t kStashMask = kStashPerQp - 1;
+
+void stash_release(Engine& e, RespState& s, uint32_t idx) {
+  if (s.stash[idx] < 0) return;
+  e.stash_pool().give(s.stash[idx]);
+  s.stash[idx] = -1;
+  --s.stash_n;
+}
+
+// SEND and WRITE packets only (RC opcodes 0x00-0x0b, SEND_*_WITH_INVALIDATE): READ, ATOMIC,
+// ATOMIC_WRITE and FLUSH answer with data or depend on state, so they wait for the resend.
+bool stashable(uint8_t opcode) {
+  return opcode <= op::kRcRdmaWriteOnlyWithImm || opcode == op::kRcSendLastWithInv ||
+         opcode == op::kRcSendOnlyWithInv;
+}
+
+// A request d PSNs ahead of the expected one (the gap already NAKed once): kept for
+// execution once the gap fills, if the device stashes, it is a simple request, within the
+// QP's bound and a pool slot is free. A duplicate of a stashed PSN is dropped.
+void stash_put(Engine& e, Qp& qp, const Pkt& k, int32_t d) {
+  RespState& s = qp.resp_;
+  if (qp.type() != QpType::kRc || !e.device().rc_stash() || !stashable(k.p.opcode)) return;
+  if (d >= static_cast<int32_t>(kStashPerQp) || k.p.roce_len > kStashSlotBytes) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kStashFull);
+    return;
+  }
+  if (s.stash.empty()) s.stash.assign(kStashPerQp, -1);
+  const uint32_t idx = k.psn & kStashMask;
+  if (s.stash[idx] >= 0) {
+    if (e.stash_pool().at(s.stash[idx]).psn == k.psn) return;  // a duplicate
+    stash_release(e, s, idx);                                   // stale (behind epsn)
+  }
+  const int32_t slot = e.stash_pool().take();
+  if (slot < 0) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kStashFull);
+    return;
+  }
+  StashSlot& ss = e.stash_pool().at(slot);
+  std::memcpy(ss.bytes, k.p.roce, k.p.roce_len);
+  ss.len = static_cast<uint32_t>(k.p.roce_len);
+  ss.psn = k.psn;
+  ss.d = k.d;
+  ss.d.buf = ss.bytes;
+  ss.d.len = ss.len;
+  ss.d.cap = kStashSlotBytes;
+  ss.d.seg_size = 0;
+  s.stash[idx] = slot;
+  ++s.stash_n;
+  bump(qp.comp_.ctr, dctr(e), Ctr::kStashStored);
+}
+
 Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   const int32_t d = psn_diff(k.psn, s.epsn);
@@ -440,6 +510,7 @@ Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
       s.nak_sent = true;
       send_nak(e, qp, aeth::kNakPsnSeqError, s.epsn);
     }
+    stash_put(e, qp, k, d);
     return Step::kDrop;
   }
   if (d < 0) return Step::kDuplicate;
@@ -961,7 +1032,9 @@ Step acknowledge(Engine& e, Qp& qp, const Pkt& k) {
   RespState& s = qp.resp_;
   s.epsn = psn_add(k.psn, 1);
   if (!is_reliable(qp.type())) return Step::kDone;
-  if (k.p.bth().ack_req()) {
+  if (s.in_drain) {
+    hold_ack(e, qp, k.psn);
+  } else if (k.p.bth().ack_req()) {
     defer_ack(e, qp, k.psn);
   } else {
     bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
@@ -1180,6 +1253,18 @@ RespOutcome on_error(Engine& e, Qp& qp, const Pkt& k, Step st) {
   return RespOutcome::kFatal;
 }
 
+namespace {
+RespOutcome run_steps(Engine& e, Qp& qp, const Pkt& k);
+RespOutcome drain_stash(Engine& e, Qp& qp, uint32_t fresh_psn);
+}  // namespace
+
+void resp_stash_clear(Engine& e, Qp& qp) {
+  RespState& s = qp.resp_;
+  for (uint32_t i = 0; s.stash_n > 0 && i < s.stash.size(); ++i) stash_release(e, s, i);
+  s.stash_n = 0;
+  s.in_drain = false;
+}
+
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d) {
   RespState& s = qp.resp_;
   Pkt k{p, d, p.info->mask, p.bth().psn(), static_cast<uint32_t>(p.payload_len)};
@@ -1194,6 +1279,58 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
       finish_replay(e, qp) == ReplayResult::kFatal)
     return RespOutcome::kFatal;
 
+  RespOutcome out = run_steps(e, qp, k);
+  if (out == RespOutcome::kAccepted && s.stash_n > 0) return drain_stash(e, qp, k.psn);
+  return out;
+}
+
+namespace {
+
+// Executes the stashed requests that now follow in order, each through the same steps as a
+// fresh packet, then acknowledges the last one completed, or NAKs the next gap when more are
+// stashed behind it. Anything but a success (RNR, an error NAK) empties the stash: the
+// requester's go-back resends the rest.
+RespOutcome drain_stash(Engine& e, Qp& qp, uint32_t fresh_psn) {
+  RespState& s = qp.resp_;
+  stash_release(e, s, fresh_psn & kStashMask);  // the stashed copy of a resent fresh packet
+  bool any = false;
+  while (s.stash_n > 0) {
+    const uint32_t idx = s.epsn & kStashMask;
+    if (s.stash[idx] < 0) break;
+    StashSlot& ss = e.stash_pool().at(s.stash[idx]);
+    if (ss.psn != s.epsn) {
+      stash_release(e, s, idx);  // stale: behind epsn
+      continue;
+    }
+    wire::PacketView p;
+    if (wire::parse_roce(std::span<const uint8_t>(ss.bytes, ss.len), &p) != wire::ParseError::kOk) {
+      stash_release(e, s, idx);
+      break;
+    }
+    Pkt k{p, ss.d, p.info->mask, ss.psn, static_cast<uint32_t>(p.payload_len)};
+    s.in_drain = true;
+    const RespOutcome out = run_steps(e, qp, k);
+    s.in_drain = false;
+    stash_release(e, s, idx);
+    bump(qp.comp_.ctr, dctr(e), Ctr::kStashReplayed);
+    if (out != RespOutcome::kAccepted) {
+      resp_stash_clear(e, qp);
+      return out;
+    }
+    any = true;
+  }
+  if (any && s.stash_n > 0) {
+    // A later gap: its NAK implicitly acknowledges everything before it.
+    s.ack_pending = false;
+    s.nak_sent = true;
+    send_nak(e, qp, aeth::kNakPsnSeqError, s.epsn);
+  }
+  return RespOutcome::kAccepted;
+}
+
+RespOutcome run_steps(Engine& e, Qp& qp, const Pkt& k) {
+  RespState& s = qp.resp_;
+  const wire::PacketView& p = k.p;
   const bool uc = qp.type() == QpType::kUc;
   Step st = Step::kCheckPsn;
   for (;;) {
@@ -1236,5 +1373,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
     }
   }
 }
+
+}  // namespace
 
 }  // namespace rnic::emu

@@ -46,4 +46,8 @@ ReplayResult resp_replay_slice(Engine& e, Qp& qp);
 // rest of the RQ. REQUIRES: receive lock.
 void resp_flush_held(Qp& qp);
 
+// Empties qp's out-of-sequence stash (its slots back to the engine's pool). Any QP state
+// change, error, flush or destroy; REQUIRES: the receive lock (or the QP unreachable).
+void resp_stash_clear(Engine& e, Qp& qp);
+
 }  // namespace rnic::emu

@@ -4,11 +4,14 @@
 // (Engine::run_timers with a chosen "now"), so nothing depends on the machine's speed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
 
+#include "emu/transport/engine.h"
 #include "emu/transport/req.h"
+#include "emu/transport/stash.h"
 #include "emu/transport/window.h"
 #include "tests/emu/req_peer_fixture.h"
 #include "wire/mem_port.h"
@@ -32,6 +35,21 @@ class RecoveryTest : public ReqPeerFixture {
     ASSERT_TRUE(post(qp, w).is_ok());
   }
   void nak_seq(uint32_t psn) { respond(op::kRcAcknowledge, psn, aeth::nak(aeth::kNakPsnSeqError)); }
+  // An in-order responder (ConnectX, rxe) NAKs psn: the requester resends psn alone first
+  // (selective, docs/congestion.md §2), the responder acknowledges exactly it, and the
+  // requester goes back N from psn + 1. Returns every packet sent, the resend first. While
+  // a go-back is still resending, the NAK goes back N at once (no selective resend).
+  std::vector<Captured> nak_inorder(uint32_t psn) {
+    nak_seq(psn);
+    auto out = sent();
+    if (!out.empty() && out[0].psn() == psn && win().sel_out) {
+      EXPECT_EQ(out[0].psn(), psn);
+      EXPECT_TRUE(out[0].f.ack_req);
+      ack(psn);
+      for (auto& c : sent()) out.push_back(c);
+    }
+    return out;
+  }
   void cnp() {
     wire::PacketFields f;
     f.opcode = op::kCnp;
@@ -56,8 +74,7 @@ TEST_F(RecoveryTest, SingleDropInA100PacketWindowResendsFromTheNakPsn) {
   write_pkts(1, 100);
   ASSERT_EQ(sent().size(), 100u);
   EXPECT_EQ(cwnd(), kMaxUnackedPsns);
-  nak_seq(kSpsn + 95);  // PSN 595 lost: 596..599 were discarded
-  auto out = sent();
+  auto out = nak_inorder(kSpsn + 95);  // PSN 595 lost: 596..599 were discarded
   ASSERT_EQ(out.size(), 5u) << "resent the window, not from the NAK's PSN";
   for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(out[i].psn(), kSpsn + 95 + i);
   EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data() + 95 * 1024, 1024));
@@ -81,17 +98,18 @@ TEST_F(RecoveryTest, SingleDropInA100PacketWindowResendsFromTheNakPsn) {
 TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
   ASSERT_EQ(sent().size(), kMaxUnackedPsns);
-  nak_seq(kSpsn + 10);
-  auto out = sent();
-  // Window 256 from PSN 510: 510..765.
-  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  auto out = nak_inorder(kSpsn + 10);
+  // 510 alone, 10 new packets (1012..1021: the NAK acknowledged 500..509), then the ACK of
+  // 510 halves the window: 256 from PSN 511, 511..766.
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2 + 11);
   EXPECT_EQ(out.front().psn(), kSpsn + 10);
-  EXPECT_EQ(out.back().psn(), kSpsn + 10 + kMaxUnackedPsns / 2 - 1);
-  EXPECT_EQ(ctr(Ctr::kRetransPkts), kMaxUnackedPsns / 2);
+  EXPECT_EQ(out[1].psn(), kSpsn + kMaxUnackedPsns);
+  EXPECT_EQ(out[11].psn(), kSpsn + 11);
+  EXPECT_EQ(out.back().psn(), kSpsn + 11 + kMaxUnackedPsns / 2 - 1);
+  EXPECT_EQ(ctr(Ctr::kRetransPkts), kMaxUnackedPsns / 2 + 1);
   // The resent 520 is lost too: the responder discarded 521..765 and NAKs 520. Each loss
   // costs a window of resends, so each one halves it: 128 from 520.
-  nak_seq(kSpsn + 20);
-  out = sent();
+  out = nak_inorder(kSpsn + 20);  // a go-back is resending: back N at once
   ASSERT_EQ(out.size(), kMaxUnackedPsns / 4);
   EXPECT_EQ(out.front().psn(), kSpsn + 20);
   EXPECT_EQ(ctr(Ctr::kWindowCuts), 2u);
@@ -107,12 +125,12 @@ TEST_F(RecoveryTest, LossesNeverCutTheWindowBelowTheFloor) {
   uint32_t top = 0;  // the last PSN sent
   for (uint32_t k = 1; k <= 7; ++k) {
     const uint32_t lost = kSpsn + 5 * k;  // each resend from the previous NAK lost again
-    nak_seq(lost);
+    auto out = nak_inorder(lost);  // the first one selective, then go-backs resending
     seen.push_back(cwnd());
-    auto out = sent();
     ASSERT_FALSE(out.empty()) << "loss " << k;
     EXPECT_EQ(out.front().psn(), lost) << "not resent from the NAK's PSN";
-    EXPECT_EQ(out.size(), cwnd()) << "loss " << k;
+    // The first: 505 alone and 5 new packets, then the go-back; later ones: the go-back.
+    EXPECT_EQ(out.size(), cwnd() + (k == 1 ? 6 : 0)) << "loss " << k;
     top = out.back().psn();
   }
   const std::vector<uint32_t> want{256, 128, 64, kLossFloor, kLossFloor, kLossFloor, kLossFloor};
@@ -139,18 +157,17 @@ TEST_F(RecoveryTest, LossesNeverCutTheWindowBelowTheFloor) {
 TEST_F(RecoveryTest, OneLossInAWindowHalvesAtMostOnce) {
   write_pkts(1, 100);
   ASSERT_EQ(sent().size(), 100u);
-  nak_seq(kSpsn + 10);
-  auto out = sent();
-  ASSERT_EQ(out.size(), 90u);  // 510..599: the window (256) allows them all
+  auto out = nak_inorder(kSpsn + 10);
+  ASSERT_EQ(out.size(), 90u);  // 510, then 511..599: the window (256) allows them all
   EXPECT_EQ(out.front().psn(), kSpsn + 10);
   EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
   EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
   const SendWindow w = win();
   ASSERT_NE(w.probe_deadline_ns, 0u);
-  s.eng->run_timers(w.probe_deadline_ns);  // no answer yet: the probe resends 510 alone
+  s.eng->run_timers(w.probe_deadline_ns);  // no answer yet: the probe resends 511 alone
   out = sent();
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].psn(), kSpsn + 10);
+  EXPECT_EQ(out[0].psn(), kSpsn + 11);
   cnp();
   EXPECT_EQ(ctr(Ctr::kCnpRcvd), 1u);
   ack(kSpsn + 50);
@@ -215,8 +232,7 @@ TEST_F(RecoveryTest, ProbeResendsOnlyTheOldestBeforeTheIbaTimeout) {
   EXPECT_EQ(cwnd(), kMaxUnackedPsns);
   EXPECT_EQ(win().probe_backoff, 1);
   // The responder answers the probe (a duplicate up to 549) and NAKs 550 for the rest.
-  nak_seq(kSpsn + 50);
-  out = sent();
+  out = nak_inorder(kSpsn + 50);
   ASSERT_EQ(out.size(), 50u);
   EXPECT_EQ(out[0].psn(), kSpsn + 50);
   ack(kSpsn + 99);
@@ -232,18 +248,17 @@ TEST_F(RecoveryTest, ProbeAnsweredInALossEpisodeResendsTheRestAtOnce) {
   write_pkts(1, 100);
   ASSERT_EQ(sent().size(), 100u);
   nak_seq(kSpsn + 10);
-  ASSERT_EQ(sent().size(), 90u);  // 510..599, and 510 is lost again
+  ASSERT_EQ(sent().size(), 1u);  // 510 alone (selective), and it is lost again
   s.eng->run_timers(win().probe_deadline_ns);
   auto out = sent();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].psn(), kSpsn + 10);
-  const uint64_t cuts = ctr(Ctr::kWindowCuts);
   ack(kSpsn + 10);  // the probe's answer: 510 arrived, nothing after it
   out = sent();
   ASSERT_EQ(out.size(), 89u) << "did not go back after the probe's answer";
   EXPECT_EQ(out.front().psn(), kSpsn + 11);
   EXPECT_EQ(out.back().psn(), kSpsn + 99);
-  EXPECT_EQ(ctr(Ctr::kWindowCuts), cuts);  // the same loss: no second cut
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);  // one loss: one cut
   EXPECT_EQ(ctr(Ctr::kCompleterRetryErr), 1u);  // only the NAK spent a retry
   ack(kSpsn + 99);
   EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
@@ -501,6 +516,288 @@ TEST_F(ReadRecoveryTest, ReorderedResponsesCostOneResendPerEpisode) {
   EXPECT_EQ(cctr(Ctr::kLocalAckTimeoutErr), 0u);
   EXPECT_GT(cctr(Ctr::kRetransProbes), 0u);
   EXPECT_LT(sctr(Ctr::kDuplicateRequest), 12u);
+}
+
+
+// Drops chosen request PSNs once each on the responder's receive side; counts the request
+// packets that arrived (what the requester sent) and can drop a fraction at random.
+struct ReqDropFilter : wire::PacketFilter {
+  std::mutex mu;
+  std::vector<uint32_t> drop_once;  // request PSNs to drop the first time they are seen
+  uint32_t reqs = 0;
+  uint32_t loss_per_mille = 0;      // random loss of every packet (both kinds), 0 = off
+  uint32_t dup_per_mille = 0;       // random duplication of requests (delivered twice)
+  uint32_t rng = 12345;
+  uint32_t next() { return rng = rng * 1103515245u + 12345u; }
+  wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                          std::span<uint8_t> roce, wire::FilterOut& out) override {
+    std::lock_guard lk(mu);
+    if (dir != wire::Direction::kRx) return wire::Verdict::kPass;
+    wire::PacketView v;
+    if (wire::parse_roce(roce, &v) != wire::ParseError::kOk) return wire::Verdict::kPass;
+    if (loss_per_mille != 0 && (next() >> 8) % 1000 < loss_per_mille) return wire::Verdict::kDrop;
+    if (!(v.info->mask & wire::kReqMask)) return wire::Verdict::kPass;
+    ++reqs;
+    auto it = std::find(drop_once.begin(), drop_once.end(), v.bth().psn());
+    if (it != drop_once.end()) {
+      drop_once.erase(it);
+      return wire::Verdict::kDrop;
+    }
+    if (dup_per_mille != 0 && (next() >> 8) % 1000 < dup_per_mille) {
+      out.delay_us = 0;  // held: delivered after the rest of this receive batch (reordered)
+      return wire::Verdict::kDelay;
+    }
+    return wire::Verdict::kPass;
+  }
+};
+
+// Requester C, responder S on an in-memory network, path MTU 1024, a filter on S's port.
+class StashTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kLen = 64 * 1024;  // 64 packets
+  static constexpr uint32_t kFirst = 100;      // ConnOpts sq_psn
+  wire::MemNetwork net;
+  Node c = Node::on_mem(net, "127.0.0.2");
+  Node s = Node::on_mem(net, "127.0.0.3");
+  std::shared_ptr<Qp> qc, qs;
+  GuardedBuf lbuf{27 * kLen}, tbuf{27 * kLen};
+  std::shared_ptr<Mr> ml, mt;
+  ReqDropFilter sf;
+
+  void SetUp() override {
+    if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out";
+    ASSERT_TRUE(s.eng->port().set_filter(&sf));
+    lbuf.pattern(1);
+    std::memset(tbuf.data(), 0, tbuf.n);
+    ml = c.mr(lbuf.data(), lbuf.n);
+    mt = s.mr(tbuf.data(), tbuf.n);
+    qc = c.qp(QpType::kRc);
+    qs = s.qp(QpType::kRc);
+    ConnOpts o;
+    o.mtu = Mtu::k1024;
+    connect_pair(c, qc, s, qs, o);
+  }
+  void TearDown() override {
+    if (s.eng) s.eng->port().set_filter(nullptr);
+  }
+  void run() {
+    for (int i = 0; i < 100000; ++i) {
+      int moved = c.eng->poll_rx() + s.eng->poll_rx();
+      if (moved == 0 && s.eng->port().held_count() == 0) return;
+    }
+  }
+  // Runs until n send completions arrived, firing timers (probe) when the link goes quiet.
+  std::vector<Cqe> run_until(size_t n) {
+    std::vector<Cqe> all;
+    for (int i = 0; i < 400 && all.size() < n; ++i) {
+      run();
+      for (auto& e : drain_cq(*c.scq)) all.push_back(e);
+      if (all.size() >= n) break;
+      c.eng->run_timers(wire::monotonic_ns() + 20'000'000);  // past the probe, not the IBA timer
+    }
+    return all;
+  }
+  void post_write(uint64_t id, size_t off, uint32_t len = kLen) {
+    Wr w = send_wr(WrOpcode::kRdmaWrite, id, {sge(lbuf.data() + off, len, ml)});
+    w.rdma.remote_addr = reinterpret_cast<uint64_t>(tbuf.data() + off);
+    w.rdma.rkey = mt->rkey();
+    ASSERT_TRUE(post(qc, w).is_ok());
+  }
+  uint64_t cctr(Ctr k) { return qc->comp_.ctr.get(k); }
+  uint64_t sctr(Ctr k) { return qs->comp_.ctr.get(k); }
+};
+
+// One request lost in a 64-packet WRITE: the responder NAKs the gap once and keeps the 53
+// packets behind it; the requester resends the lost one alone; the responder executes it and
+// the kept run, and acknowledges the whole message. One packet resent, no window cut. (With
+// in-order recovery it resent the 54 packets from the lost one and halved the window.)
+TEST_F(StashTest, SingleDropCostsOneResend) {
+  sf.drop_once = {kFirst + 10};
+  post_write(1, 0);
+  auto cq = run_until(1);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 1u);
+  EXPECT_EQ(sf.reqs, 65u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(cctr(Ctr::kRcvdSeqErr), 1u);
+  EXPECT_EQ(sctr(Ctr::kStashStored), 53u);
+  EXPECT_EQ(sctr(Ctr::kStashReplayed), 53u);
+  EXPECT_EQ(sctr(Ctr::kDuplicateRequest), 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+}
+
+// Two gaps in one window: the replay stops at the second, the responder NAKs it (the NAK
+// acknowledges everything before), the requester resends that one alone too.
+TEST_F(StashTest, TwoDropsCostTwoResends) {
+  sf.drop_once = {kFirst + 10, kFirst + 30};
+  post_write(1, 0);
+  auto cq = run_until(1);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 2u);
+  EXPECT_EQ(cctr(Ctr::kRcvdSeqErr), 2u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+}
+
+// Two gaps and the NAK for the second one lost: the probe resends the first (a duplicate by
+// now); its re-ACK stops at the second gap but past the resent PSN, so the responder stashes:
+// the requester resends the second gap's packet alone too, and goes back over nothing.
+TEST_F(StashTest, LostNakForASecondGapCostsOneMoreResend) {
+  struct DropNak : wire::PacketFilter {
+    uint32_t psn = 0;
+    int dropped = 0;
+    wire::Verdict on_packet(wire::Direction dir, const wire::Endpoint&, const wire::Endpoint&,
+                            std::span<uint8_t> roce, wire::FilterOut&) override {
+      wire::PacketView v;
+      if (dir != wire::Direction::kRx || wire::parse_roce(roce, &v) != wire::ParseError::kOk)
+        return wire::Verdict::kPass;
+      if (v.opcode == op::kRcAcknowledge && aeth::is_nak(v.aeth().syndrome()) &&
+          v.bth().psn() == psn && dropped == 0) {
+        ++dropped;
+        return wire::Verdict::kDrop;
+      }
+      return wire::Verdict::kPass;
+    }
+  } cf;
+  cf.psn = kFirst + 30;
+  ASSERT_TRUE(c.eng->port().set_filter(&cf));
+  sf.drop_once = {kFirst + 10, kFirst + 30};
+  post_write(1, 0);
+  auto cq = run_until(1);
+  c.eng->port().set_filter(nullptr);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  EXPECT_EQ(cf.dropped, 1);
+  // 110 (NAK), 110 again (probe), 130 (the re-ACK stopped there).
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 3u);
+  EXPECT_EQ(cctr(Ctr::kRetransProbes), 1u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+}
+
+// A responder that does not stash (SOFTRNIC_RC_STASH=0, as ConnectX and rxe): the selective
+// resend draws an ACK of exactly the resent PSN, and the requester goes back N from the next
+// one (one round trip later than in-order recovery did): still correct, the same resends.
+TEST_F(StashTest, NonStashingPeerGoesBackAfterOneRoundTrip) {
+  s.dev->set_rc_stash(false);
+  sf.drop_once = {kFirst + 10};
+  post_write(1, 0);
+  auto cq = run_until(1);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), kLen));
+  EXPECT_EQ(sctr(Ctr::kStashStored), 0u);
+  // 110 resent alone, then 111..163 by the go-back.
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 54u);
+  EXPECT_EQ(cctr(Ctr::kWindowCuts), 1u);
+}
+
+// An in-order peer answers two selective resends in a row as in-order; the QP then stops
+// trying them (each would cost that peer a round trip) and goes back at once on the next
+// NAK, as before the stash. A stashing peer keeps the QP selective.
+TEST_F(StashTest, InOrderPeerLearnedAfterTwoLosses) {
+  // Stashing first: once learned, in-order stays for the QP's life.
+  for (bool stash : {true, false}) {
+    SCOPED_TRACE(stash ? "stashing peer" : "in-order peer");
+    s.dev->set_rc_stash(stash);
+    const uint64_t retrans0 = cctr(Ctr::kRetransPkts);
+    // Three messages, one loss each (PSN 10 of each), one after the other.
+    for (uint32_t m = 0; m < 3; ++m) {
+      const uint32_t base = qc->req_.psn;
+      sf.drop_once = {base + 10};
+      post_write(m + 1, size_t(m) * kLen);
+      auto cq = run_until(1);
+      ASSERT_EQ(cq.size(), 1u);
+      EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+      EXPECT_EQ(qc->comp_.win.inorder_votes, stash ? 0u : std::min<uint32_t>(m + 1, 2u)) << m;
+    }
+    EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), 3 * size_t(kLen)));
+    // In order: 54 per loss (the resent PSN, then the rest by the go-back); stashing: 1.
+    EXPECT_EQ(cctr(Ctr::kRetransPkts) - retrans0, stash ? 3u : 3 * 54u);
+  }
+}
+
+// The stash is bounded: at most kStashPerQp PSNs past the gap per QP, and the device's pool
+// (kStashSlots) across QPs. Three QPs each lose their first packet with a full window behind
+// it: the third finds the pool nearly used up, the packets with no room are dropped and
+// counted, and the go-back that follows recovers them; all data lands.
+TEST_F(StashTest, StashBoundedByThePool) {
+  std::vector<std::pair<std::shared_ptr<Qp>, std::shared_ptr<Qp>>> pairs{{qc, qs}};
+  for (int i = 0; i < 2; ++i) {
+    auto a = c.qp(QpType::kRc);
+    auto b = s.qp(QpType::kRc);
+    ConnOpts o;
+    o.mtu = Mtu::k1024;
+    connect_pair(c, a, s, b, o);
+    pairs.emplace_back(a, b);
+  }
+  sf.drop_once = {kFirst, kFirst, kFirst};  // the first packet of each QP
+  for (size_t q = 0; q < pairs.size(); ++q)
+    for (int i = 0; i < 9; ++i) {  // 576 packets per QP, 512 in flight
+      const size_t off = (q * 9 + size_t(i)) * kLen;
+      Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(lbuf.data() + off, kLen, ml)});
+      w.rdma.remote_addr = reinterpret_cast<uint64_t>(tbuf.data() + off);
+      w.rdma.rkey = mt->rkey();
+      ASSERT_TRUE(post(pairs[q].first, w).is_ok());
+    }
+  auto cq = run_until(27);
+  ASSERT_EQ(cq.size(), 27u);
+  for (auto& e : cq) EXPECT_EQ(e.status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(lbuf.data(), tbuf.data(), 27 * size_t(kLen)));
+  uint64_t stored = 0, full = 0;
+  for (auto& pr : pairs) {
+    stored += pr.second->comp_.ctr.get(Ctr::kStashStored);
+    full += pr.second->comp_.ctr.get(Ctr::kStashFull);
+    EXPECT_LE(pr.second->comp_.ctr.get(Ctr::kStashStored), kStashPerQp - 1);
+  }
+  EXPECT_GE(stored, kStashSlots);
+  EXPECT_GT(full, 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+}
+
+// The stash empties when the QP leaves its state (here: an error), and its slots go back to
+// the device's pool; nothing stashed is executed afterwards.
+TEST_F(StashTest, StashClearedOnError) {
+  sf.drop_once = {kFirst + 5};
+  post_write(1, 0);
+  // Deliver everything but the resend: S stashes 58 packets.
+  for (int i = 0; i < 3; ++i) {
+    s.eng->poll_rx();
+  }
+  // Keep the resend away: the requester's packets after the NAK are not delivered.
+  EXPECT_GT(s.eng->stash_pool().in_use(), 0u);
+  const uint64_t stashed = sctr(Ctr::kStashStored);
+  EXPECT_GT(stashed, 0u);
+  {
+    std::scoped_lock lk(qs->send_mutex(), qs->recv_mutex());
+    qs->enter_error_locked(false);
+  }
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+  EXPECT_EQ(sctr(Ctr::kStashReplayed), 0u);
+  EXPECT_NE(0, std::memcmp(lbuf.data() + 6 * 1024, tbuf.data() + 6 * 1024, 1024));
+}
+
+// Random loss of requests and ACKs/NAKs, duplicated and reordered requests, WRITEs of several
+// sizes: every WRITE completes and the data is intact; each loss costs about one resend.
+TEST_F(StashTest, RandomLossDupReorderKeepsData) {
+  sf.loss_per_mille = 20;
+  sf.dup_per_mille = 20;
+  const uint32_t lens[8] = {kLen, 1000, kLen, 5000, 3 * 1024, kLen, 1, kLen - 7};
+  for (int i = 0; i < 8; ++i) post_write(1 + i, size_t(i) * kLen, lens[i]);
+  auto cq = run_until(8);
+  ASSERT_EQ(cq.size(), 8u);
+  for (auto& e : cq) EXPECT_EQ(e.status, WcStatus::kSuccess) << wc_status_name(e.status);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_EQ(0, std::memcmp(lbuf.data() + size_t(i) * kLen, tbuf.data() + size_t(i) * kLen,
+                             lens[i])) << i;
+  EXPECT_GT(sctr(Ctr::kStashReplayed), 0u);
+  EXPECT_EQ(s.eng->stash_pool().in_use(), 0u);
+  EXPECT_EQ(qs->state(), QpState::kRts);
 }
 
 }  // namespace
