@@ -75,6 +75,10 @@ struct RespState {
   uint32_t epsn = 0;             // expected PSN (RC/UC)
   uint32_t msn = 0;              // message sequence number (24 bits)
   bool nak_sent = false;         // sent_psn_nak latch: one PSN-sequence NAK per gap
+  bool rnr_gap = false;          // the latch was set by an RNR NAK: nothing is stashed
+  // 0x10000 | the UDP source port of the last request taken in order: only packets from that
+  // port are stashed, so a forger must guess the port as well as a PSN (docs/congestion.md §2)
+  uint32_t inorder_sport = 0;
   // ACK coalescing within one receive batch: the latest ACK owed, sent when the batch ends
   // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
   bool ack_pending = false;

@@ -600,7 +600,8 @@ void reset_transport(Qp& qp) {
   RespState& s = qp.resp_;
   s.ready = false;
   s.epsn = s.msn = 0;
-  s.nak_sent = s.uc_drop = false;
+  s.nak_sent = s.rnr_gap = s.uc_drop = false;
+  s.inorder_sport = 0;
   s.ack_pending = false;
   s.cur = RespState::kNone;
   s.have_wqe = false;
@@ -625,7 +626,8 @@ void start_responder(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   s.epsn = a.rq_psn & wire::kPsnMask;
   s.msn = 0;
   s.mtu = mtu;
-  s.nak_sent = s.uc_drop = false;
+  s.nak_sent = s.rnr_gap = s.uc_drop = false;
+  s.inorder_sport = 0;
   s.cur = RespState::kNone;
   s.max_dest_rd_atomic = a.max_dest_rd_atomic;
   s.res.assign(a.max_dest_rd_atomic, RespRes{});  // control path: allocation is fine

@@ -447,6 +447,14 @@ bool stashable(uint8_t opcode) {
 void stash_put(Engine& e, Qp& qp, const Pkt& k, int32_t d) {
   RespState& s = qp.resp_;
   if (qp.type() != QpType::kRc || !e.device().rc_stash() || !stashable(k.p.opcode)) return;
+  // After an RNR NAK the requester resends everything from the RNR PSN once the RNR timer
+  // runs out: a stashed copy would only be replayed into the same empty receive queue.
+  if (s.rnr_gap) return;
+  // Only from the UDP source port the QP's in-order requests came from (a requester keeps one
+  // per QP): a blind forger spraying PSNs ahead of ePSN from elsewhere fills no slot, and one
+  // must guess the port too (2^16 x the 512-PSN reach of the stash, against 1 exact PSN without
+  // it). Packets from another port are dropped as before; the go-back recovers them.
+  if (s.inorder_sport != (0x10000u | k.d.src.port)) return;
   if (d >= static_cast<int32_t>(kStashPerQp) || k.p.roce_len > kStashSlotBytes) {
     bump(qp.comp_.ctr, dctr(e), Ctr::kStashFull);
     return;
@@ -514,7 +522,8 @@ Step check_psn(Engine& e, Qp& qp, const Pkt& k) {
     return Step::kDrop;
   }
   if (d < 0) return Step::kDuplicate;
-  s.nak_sent = false;
+  s.nak_sent = s.rnr_gap = false;
+  s.inorder_sport = 0x10000u | k.d.src.port;
   return Step::kCheckOpSeq;
 }
 
@@ -1194,7 +1203,7 @@ RespOutcome on_rnr(Engine& e, Qp& qp, const Pkt& k) {
   send_ack(e, qp, aeth::rnr_nak(qp.attr().min_rnr_timer), k.psn);
   // The rest of the message is already on its way; the RNR NAK stands for the gap it
   // leaves, so no PSN-sequence NAK follows it (the requester resends from this PSN).
-  s.nak_sent = true;
+  s.nak_sent = s.rnr_gap = true;
   return RespOutcome::kOk;
 }
 

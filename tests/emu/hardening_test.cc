@@ -109,9 +109,12 @@ class Hardening : public ::testing::Test {
   uint64_t sctr(Ctr k) { return qs->comp_.ctr.get(k); }
 };
 
-// retrans_pkts: dropping request packet 7 of a 16-packet WRITE makes S NAK (PSN sequence)
-// and C go back N from packet 7: packets 7..16 are sent again (10).
+// retrans_pkts: dropping request packet 7 of a 16-packet WRITE makes S NAK (PSN sequence).
+// S here is an in-order responder (SOFTRNIC_RC_STASH=0, as ConnectX and rxe): C resends
+// packet 7 alone, S answers exactly it, and C goes back N from packet 8: 7..16 are sent
+// again (10). (With S's stash only packet 7 goes again: RetransPktsCountsTheSelectiveResend.)
 TEST_F(Hardening, RetransPktsCountsGoBackN) {
+  s.dev->set_rc_stash(false);
   // The drop comes from a port filter (the packet hook).
   if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
   int n = 0;
@@ -128,6 +131,26 @@ TEST_F(Hardening, RetransPktsCountsGoBackN) {
   EXPECT_EQ(cctr(Ctr::kRetransPkts), 10u);
   EXPECT_EQ(cctr(Ctr::kSentPkts), 26u);
   EXPECT_EQ(c.eng->counters().get(Ctr::kRetransPkts), 10u);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+}
+
+TEST_F(Hardening, RetransPktsCountsTheSelectiveResend) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
+  int n = 0;
+  cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
+    if (d == wire::Direction::kTx && is_request(r) && ++n == 7) return wire::Verdict::kDrop;
+    return wire::Verdict::kPass;
+  };
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(cctr(Ctr::kRcvdSeqErr), 1u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 1u);
+  EXPECT_EQ(cctr(Ctr::kSentPkts), 17u);
+  EXPECT_EQ(sctr(Ctr::kStashReplayed), 9u);
+  EXPECT_EQ(c.eng->counters().get(Ctr::kRetransPkts), 1u);
   EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
 }
 

@@ -723,7 +723,7 @@ TEST_F(StashTest, InOrderPeerLearnedAfterTwoLosses) {
 }
 
 // The stash is bounded: at most kStashPerQp PSNs past the gap per QP, and the device's pool
-// (kStashSlots) across QPs. Three QPs each lose their first packet with a full window behind
+// (kStashSlots) across QPs. Three QPs each lose their second packet with a full window behind
 // it: the third finds the pool nearly used up, the packets with no room are dropped and
 // counted, and the go-back that follows recovers them; all data lands.
 TEST_F(StashTest, StashBoundedByThePool) {
@@ -736,7 +736,8 @@ TEST_F(StashTest, StashBoundedByThePool) {
     connect_pair(c, a, s, b, o);
     pairs.emplace_back(a, b);
   }
-  sf.drop_once = {kFirst, kFirst, kFirst};  // the first packet of each QP
+  // The second packet of each QP (the first, taken in order, shows S the port to stash from).
+  sf.drop_once = {kFirst + 1, kFirst + 1, kFirst + 1};
   for (size_t q = 0; q < pairs.size(); ++q)
     for (int i = 0; i < 9; ++i) {  // 576 packets per QP, 512 in flight
       const size_t off = (q * 9 + size_t(i)) * kLen;

@@ -76,7 +76,11 @@ TEST_F(ReqTest, CoalescedAckCompletesEveryCoveredWqeInOrder) {
   EXPECT_EQ(c[0].wr_id, 2u);
 }
 
+// A peer already known to discard what follows a gap (two selective resends answered in
+// order: SendWindow::inorder_votes, docs/congestion.md §2; ConnectX, rxe): a PSN-sequence NAK
+// goes back N at once, as IBA's requester does.
 TEST_F(ReqTest, PsnSequenceNakGoesBackN) {
+  qp->comp_.win.inorder_votes = SendWindow::kInorderVotes;
   ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
   ASSERT_EQ(sent().size(), 3u);
   // The responder lost PSN 501: it NAKs with the PSN it expects.
@@ -93,6 +97,47 @@ TEST_F(ReqTest, PsnSequenceNakGoesBackN) {
   auto c = drain_cq(*s.scq);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+}
+
+// Any other peer: the NAK'd PSN goes again alone, and the answer to it decides. Past
+// everything sent before the resend: the responder kept the rest (a stashing softrnic),
+// nothing more is sent. Exactly the resent PSN: it discarded the rest, go back N from there.
+TEST_F(ReqTest, PsnSequenceNakResendsThatPsnAloneFirst) {
+  for (bool stashing_peer : {true, false}) {
+    SCOPED_TRACE(stashing_peer ? "stashing peer" : "in-order peer");
+    setup({});
+    ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
+    ASSERT_EQ(sent().size(), 3u);
+    ack(kSpsn + 1, aeth::nak(aeth::kNakPsnSeqError));  // 500 implicitly acknowledged
+    auto out = sent();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].psn(), kSpsn + 1);
+    EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteMiddle);
+    EXPECT_TRUE(out[0].f.ack_req);  // its answer is what decides
+    EXPECT_EQ(0, std::memcmp(out[0].v.payload, buf.data() + 1024, 1024));
+    EXPECT_EQ(ctr(Ctr::kRcvdSeqErr), 1u);
+    EXPECT_EQ(ctr(Ctr::kWindowCuts), 0u);
+    if (stashing_peer) {
+      ack(kSpsn + 2);
+      EXPECT_EQ(sent().size(), 0u);
+      EXPECT_EQ(ctr(Ctr::kRetransPkts), 1u);
+      EXPECT_EQ(ctr(Ctr::kWindowCuts), 0u);
+      EXPECT_EQ(qp->comp_.win.inorder_votes, 0u);
+    } else {
+      ack(kSpsn + 1);
+      out = sent();
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(out[0].psn(), kSpsn + 2);
+      EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteLast);
+      EXPECT_EQ(ctr(Ctr::kRetransPkts), 2u);
+      EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+      EXPECT_EQ(qp->comp_.win.inorder_votes, 1u);
+      ack(kSpsn + 2);
+    }
+    auto c = drain_cq(*s.scq);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  }
 }
 
 TEST_F(ReqTest, TimeoutRetransmitsThenRetryExceeded) {
@@ -358,11 +403,14 @@ TEST_F(ReqTest, PsnWrapsAt24Bits) {
   EXPECT_EQ(out[0].psn(), 0xFFFFFEu);
   EXPECT_EQ(out[1].psn(), 0xFFFFFFu);
   EXPECT_EQ(out[2].psn(), 0u);
-  ack(0xFFFFFF, aeth::nak(aeth::kNakPsnSeqError));  // go back across the wrap
+  ack(0xFFFFFF, aeth::nak(aeth::kNakPsnSeqError));  // the NAK'd PSN alone first
   out = sent();
-  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].psn(), 0xFFFFFFu);
-  EXPECT_EQ(out[1].psn(), 0u);
+  ack(0xFFFFFF);  // answered short of what was sent: go back across the wrap
+  out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 0u);
   ack(0);
   auto c = drain_cq(*s.scq);
   ASSERT_EQ(c.size(), 1u);
@@ -575,6 +623,7 @@ TEST_F(ReqTest, CompleterTraceNamesItsStates) {
   const base::LogLevel saved = base::log_level();
   ASSERT_EQ(base::set_log_file(path), "");
   base::set_log_level(base::LogLevel::kTrace);
+  qp->comp_.win.inorder_votes = SendWindow::kInorderVotes;  // a learned in-order peer: go back N
   ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 3000).is_ok());
   ASSERT_EQ(sent().size(), 3u);
   ack(kSpsn + 1, aeth::nak(aeth::kNakPsnSeqError));  // go back N from 501

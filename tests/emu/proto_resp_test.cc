@@ -67,7 +67,10 @@ std::vector<uint8_t> bytes(size_t n, uint8_t v) { return std::vector<uint8_t>(n,
 
 // ---- PSN sequence ----
 
+// The in-order responder of IBA 9.7.5.1.1 (ConnectX, rxe; softrnic with SOFTRNIC_RC_STASH=0):
+// packets past a gap are discarded and the requester goes back N.
 TEST_F(RespTest, PsnGapSendsOneNakThenRecovers) {
+  s.dev->set_rc_stash(false);
   post_rbuf(1);
   post_rbuf(2);
   auto pay = bytes(16, 0x11);
@@ -104,6 +107,72 @@ TEST_F(RespTest, PsnGapSendsOneNakThenRecovers) {
   EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
   EXPECT_EQ(out[0].psn(), 102u);
   EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// The stash (the default, docs/congestion.md §2): the same gap still draws exactly one NAK and
+// executes nothing out of order, but the SENDs past it are kept and executed, in PSN order and
+// through every check, when the gap fills; one ACK then covers them all.
+TEST_F(RespTest, PsnGapStashesLaterRequestsAndReplaysThemInOrder) {
+  for (uint64_t i = 0; i < 7; ++i)
+    ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + i * 16, 16, mrb)}).is_ok());
+  // 100 in order: S now knows the UDP port this QP's requests come from (only those are kept).
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 100));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), 100u);
+  // Then 103..106 arrive (101 and 102 were lost), each with its own byte.
+  for (uint32_t psn = 103; psn <= 106; ++psn)
+    p.send(req(op::kRcSendOnly, psn), bytes(16, static_cast<uint8_t>(psn)));
+  out = step();
+  // Expect: one PSN-sequence NAK for 101, nothing executed yet, four packets kept.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+  EXPECT_EQ(out[0].psn(), 101u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 1u);
+  EXPECT_EQ(ctr(Ctr::kStashStored), 4u);
+  // A duplicate of a kept PSN is not kept twice.
+  p.send(req(op::kRcSendOnly, 104), bytes(16, 0xEE));
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(ctr(Ctr::kStashStored), 4u);
+  // 101 alone fills nothing past it: executed and acknowledged, the stash waits for 102.
+  p.send(req(op::kRcSendOnly, 101), bytes(16, 101));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 101u);
+  // 102 fills the gap: 102 then the four kept SENDs run, one ACK for 106.
+  p.send(req(op::kRcSendOnly, 102), bytes(16, 102));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), 106u);
+  EXPECT_EQ(out[0].f.msn, 7u);
+  EXPECT_EQ(ctr(Ctr::kStashReplayed), 4u);
+  auto c = drain_cq(*s.rcq);
+  ASSERT_EQ(c.size(), 6u);
+  for (uint64_t i = 1; i < 7; ++i) {
+    EXPECT_EQ(c[i - 1].wr_id, i);  // completed in PSN order, each into its own receive
+    EXPECT_EQ(rbuf.data()[i * 16], static_cast<uint8_t>(100 + i)) << i;
+  }
+  // The resend of a replayed PSN is a duplicate: acknowledged, not executed again.
+  p.send(req(op::kRcSendOnly, 105), bytes(16, 0xEE));
+  out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 0u);
+  EXPECT_EQ(rbuf.data()[5 * 16], 105);
+  EXPECT_EQ(qp->state(), QpState::kRts);
+}
+
+// Before any request was taken in order the responder does not know the requester's UDP port,
+// so nothing past a gap is kept (a forger spraying PSNs at a fresh QP fills no slot).
+TEST_F(RespTest, PsnGapBeforeAnyInOrderRequestStashesNothing) {
+  post_rbuf(1);
+  p.send(req(op::kRcSendOnly, 101), bytes(16, 1));
+  auto out = step();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+  EXPECT_EQ(ctr(Ctr::kStashStored), 0u);
 }
 
 TEST_F(RespTest, AckBeforeNakKeepsPsnOrder) {

@@ -500,17 +500,49 @@ TEST_F(Scenario, S21_DropFirstPacketOfMultiPacketWriteRecoversByNak) {
   connect();
   int n = 0;
   cf.fn = [&](wire::Direction d, auto&, auto&, std::span<uint8_t> r, auto&) {
-    if (d == wire::Direction::kTx && is_request(r) && ++n == 1) return wire::Verdict::kDrop;
+    if (d == wire::Direction::kTx && is_request(r) && ++n == 2) return wire::Verdict::kDrop;
     return wire::Verdict::kPass;
   };
+  // A first WRITE in order (S learns the UDP port C's requests come from), then the 3-packet
+  // one whose first packet is lost.
+  ASSERT_TRUE(write(1, tva(), 100, mt->rkey()).is_ok());
+  run();
+  ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
   ASSERT_TRUE(write(1, tva(), 3000, mt->rkey()).is_ok());
   run();
-  // PSN+1 and PSN+2 arrive first: one PSN NAK, go-back-N, no timeout needed.
+  // PSN+1 and PSN+2 arrive first: one PSN NAK, no timeout needed. S keeps both (its stash,
+  // docs/congestion.md §2); C resends PSN alone; S executes it and the two kept packets.
   auto cq = drain_cq(*c.scq);
   ASSERT_EQ(cq.size(), 1u);
   EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
   EXPECT_EQ(sctr(Ctr::kOutOfSeqRequest), 2u);
   EXPECT_EQ(sctr(Ctr::kNakSent), 1u);
+  EXPECT_EQ(sctr(Ctr::kStashReplayed), 2u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 1u);
+  EXPECT_EQ(cctr(Ctr::kCompleterRetryErr), 0u);  // no go-back: no retry spent
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 3000));
+}
+
+// The same against an in-order responder (ConnectX, rxe; SOFTRNIC_RC_STASH=0): it discards
+// PSN+1 and PSN+2; C's resend of PSN is answered with exactly PSN, and C goes back N.
+TEST_F(Scenario, S21_DropFirstPacketOfMultiPacketWriteInOrderResponderGoesBackN) {
+  if (!wire::kFaultInjection) GTEST_SKIP() << "fault injection compiled out (-Dfault_injection=false)";
+  s.dev->set_rc_stash(false);
+  connect();
+  int n = 0;
+  cf.fn = [&](wire::Direction d, auto&, auto&, std::span<uint8_t> r, auto&) {
+    if (d == wire::Direction::kTx && is_request(r) && ++n == 1) return wire::Verdict::kDrop;
+    return wire::Verdict::kPass;
+  };
+  ASSERT_TRUE(write(1, tva(), 3000, mt->rkey()).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(sctr(Ctr::kOutOfSeqRequest), 2u);
+  EXPECT_EQ(sctr(Ctr::kNakSent), 1u);
+  EXPECT_EQ(sctr(Ctr::kStashStored), 0u);
+  EXPECT_EQ(cctr(Ctr::kRetransPkts), 3u);
   EXPECT_EQ(cctr(Ctr::kCompleterRetryErr), 1u);
   EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 3000));
 }
