@@ -146,6 +146,7 @@ int MemPort::recv_impl(std::span<RxDesc> descs) {
     d.src = s.src;
     d.dst = local_;
     d.ip_id = s.ip_id;
+    d.tos = ce_.load(std::memory_order_relaxed) ? 3 : 0;
     d.seg_size = s.seg_size < d.len ? s.seg_size : 0;
     if (d.truncated) bump(ctr_.rx_truncated);
     bump(ctr_.rx_packets, d.seg_size != 0 ? (d.len + d.seg_size - 1) / d.seg_size : 1);

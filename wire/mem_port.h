@@ -3,6 +3,8 @@
 // Used by protocol tests and anything that must run without sockets.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -69,6 +71,9 @@ class MemPort final : public Port {
   // coalesced buffer (RxDesc::seg_size = its gso_size) instead of one datagram per segment.
   // Off by default. Set before traffic starts.
   void set_gro(bool on) { gro_ = on; }
+  // Every datagram this port receives arrives ECN CE-marked (RxDesc::tos = 3), as behind a
+  // congested switch that marks ECT traffic.
+  void set_ce_mark(bool on) { ce_.store(on, std::memory_order_relaxed); }
 
  protected:
   int send_impl(std::span<const TxDesc> pkts) override;
@@ -90,6 +95,7 @@ class MemPort final : public Port {
     std::vector<uint8_t> bytes;
   };
   bool gro_ = false;
+  std::atomic<bool> ce_{false};
 
   MemNetwork* net_;
   Endpoint local_;

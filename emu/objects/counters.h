@@ -68,6 +68,7 @@ enum class Ctr : uint8_t {
   kStashStored,         // stash_stored (ours): RC requests after a gap kept for in-order replay
   kStashReplayed,       // stash_replayed (ours): stashed requests executed once the gap filled
   kStashFull,           // stash_full (ours): requests after a gap dropped, no stash room
+  kCnpSent,             // cnp_sent (ours): CNPs sent for CE-marked requests (docs/congestion.md §3)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

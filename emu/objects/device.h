@@ -217,6 +217,10 @@ class Device : public std::enable_shared_from_this<Device> {
   // (SOFTRNIC_RC_STASH; docs/congestion.md §2). Off: in order only, later packets discarded.
   void set_rc_stash(bool on) { rc_stash_.store(on, std::memory_order_relaxed); }
   bool rc_stash() const { return rc_stash_.load(std::memory_order_relaxed); }
+  // Notification point: the least time between two CNPs one QP sends for CE-marked requests
+  // (docs/congestion.md §3; ConnectX's min_time_between_cnps). Default 50 µs.
+  void set_cnp_min_gap_ns(uint64_t ns) { cnp_gap_ns_.store(ns, std::memory_order_relaxed); }
+  uint64_t cnp_min_gap_ns() const { return cnp_gap_ns_.load(std::memory_order_relaxed); }
   uint32_t strict_src_mode() const { return strict_src_.load(std::memory_order_relaxed); }
   // Switch the key table to secure keys (DeviceConfig::secure_keys) after open(); only before
   // any MR/MW key was issued (EBUSY after). Used when the mode comes from the environment.
@@ -378,6 +382,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<uint32_t> bad_pkey_cntr_{0}, qkey_viol_cntr_{0};
   std::atomic<uint32_t> strict_src_{0};
   std::atomic<bool> rc_stash_{true};
+  std::atomic<uint64_t> cnp_gap_ns_{50'000};
   std::vector<GidEntry> gids_;
   AsyncEventQueue events_;
   std::atomic<bool> fatal_{false};

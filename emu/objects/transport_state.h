@@ -79,6 +79,7 @@ struct RespState {
   // 0x10000 | the UDP source port of the last request taken in order: only packets from that
   // port are stashed, so a forger must guess the port as well as a PSN (docs/congestion.md §2)
   uint32_t inorder_sport = 0;
+  uint64_t cnp_last_ns = 0;      // when this QP last sent a CNP (resp.cc note_ce)
   // ACK coalescing within one receive batch: the latest ACK owed, sent when the batch ends
   // (or before any other packet this QP sends), so a burst of AckReq requests costs one ACK.
   bool ack_pending = false;
@@ -186,6 +187,13 @@ struct SendWindow {
   // peer a loss of the PSN after the resent one also looks in-order, with chance p.)
   uint8_t inorder_votes = 0;
   static constexpr uint8_t kInorderVotes = 2;
+  // Once learned, every kInorderRetry-th NAK tries a selective resend again: a stashing peer
+  // also answers in order when the PSN after the resent one was lost too (at 5% loss two such
+  // answers in a row come within a few hundred losses), and the QP must not stay in go-back
+  // for its life because of that. Against a real in-order peer this costs one round trip per
+  // kInorderRetry losses.
+  uint8_t inorder_naks = 0;
+  static constexpr uint8_t kInorderRetry = 8;
 };
 
 // Completer state (comp.cc), timers and the per-QP counters. Guarded by the QP send lock,

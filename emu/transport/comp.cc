@@ -383,8 +383,9 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
     // go-back follows one round trip later: on_progress). Not while a go-back is resending,
     // nor for a READ/ATOMIC (its responses are the rest).
     const int i = first_active(qp);
-    if (i >= 0 && qp.req_.psn == qp.req_.max_psn &&
-        c.win.inorder_votes < SendWindow::kInorderVotes &&
+    const bool try_sel = c.win.inorder_votes < SendWindow::kInorderVotes ||
+                         ++c.win.inorder_naks % SendWindow::kInorderRetry == 0;
+    if (i >= 0 && qp.req_.psn == qp.req_.max_psn && try_sel &&
         !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
       c.win.sel_out = true;
       c.win.sel_psn = c.psn;

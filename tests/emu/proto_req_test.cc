@@ -140,6 +140,28 @@ TEST_F(ReqTest, PsnSequenceNakResendsThatPsnAloneFirst) {
   }
 }
 
+// A learned in-order peer is tried selectively again on every 8th NAK (a stashing peer can
+// look in-order twice in a row under heavy loss); an answer past the resend unlearns it.
+TEST_F(ReqTest, LearnedInOrderPeerIsRetriedSelectivelyEveryEighthNak) {
+  qp->comp_.win.inorder_votes = SendWindow::kInorderVotes;
+  for (uint32_t m = 0; m < SendWindow::kInorderRetry; ++m) {
+    SCOPED_TRACE(m);
+    const uint32_t base = kSpsn + 3 * m;
+    ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, m, 3000).is_ok());
+    ASSERT_EQ(sent().size(), 3u);
+    ack(base + 1, aeth::nak(aeth::kNakPsnSeqError));
+    auto out = sent();
+    const bool selective = m + 1 == SendWindow::kInorderRetry;
+    ASSERT_EQ(out.size(), selective ? 1u : 2u);  // alone, or the go-back of 501 and 502
+    EXPECT_EQ(out[0].psn(), base + 1);
+    ack(base + 2);
+    auto c = drain_cq(*s.scq);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+    EXPECT_EQ(qp->comp_.win.inorder_votes, selective ? 0u : SendWindow::kInorderVotes);
+  }
+}
+
 TEST_F(ReqTest, TimeoutRetransmitsThenRetryExceeded) {
   ConnOpts o;
   o.retry_cnt = 2;

@@ -1,6 +1,7 @@
 // tests/emu/proto_resp_test.cc: protocol tests of the RESPONDER, Given/Expect style: a raw
 // peer port sends hand-built request packets to one device over the in-memory network and
 // checks every packet the device answers with, its completions, counters and memory.
+#include "wire/mem_port.h"
 #include <gtest/gtest.h>
 
 #include "emu/objects/mw.h"
@@ -173,6 +174,48 @@ TEST_F(RespTest, PsnGapBeforeAnyInOrderRequestStashesNothing) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
   EXPECT_EQ(ctr(Ctr::kStashStored), 0u);
+}
+
+// Notification point (docs/congestion.md §3): a request that arrives CE-marked draws a CNP to
+// the requesting QP (opcode 0x81, BECN, PSN 0), at most one per QP per cnp_min_gap_ns; the
+// request itself is executed and acknowledged as usual.
+TEST_F(RespTest, CeMarkedRequestsDrawCnpsAtMostOncePerGap) {
+  auto* mp = dynamic_cast<wire::MemPort*>(&s.eng->port());
+  ASSERT_NE(mp, nullptr);
+  for (uint64_t i = 0; i < 5; ++i) post_rbuf(i);
+  auto count_cnps = [](const std::vector<Captured>& v) {
+    size_t n = 0;
+    for (auto& c : v) n += c.opcode() == op::kCnp;
+    return n;
+  };
+  // Not marked: no CNP.
+  p.send(req(op::kRcSendOnly, 100), bytes(16, 1));
+  auto out = step();
+  EXPECT_EQ(count_cnps(out), 0u);
+  // Marked, three requests within one long gap: one CNP, three requests executed.
+  mp->set_ce_mark(true);
+  s.dev->set_cnp_min_gap_ns(3'600'000'000'000ull);
+  for (uint32_t psn = 101; psn <= 103; ++psn) p.send(req(op::kRcSendOnly, psn), bytes(16, 1));
+  out = step();
+  ASSERT_EQ(count_cnps(out), 1u);
+  for (auto& c : out) {
+    if (c.opcode() != op::kCnp) continue;
+    EXPECT_EQ(c.f.dest_qp, kPeerQpn);
+    EXPECT_TRUE(c.f.becn);
+    EXPECT_EQ(c.psn(), 0u);
+    EXPECT_EQ(c.v.payload_len, 0u);
+  }
+  EXPECT_EQ(ctr(Ctr::kCnpSent), 1u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kEcnCeRcvd), 3u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 4u);
+  // No gap: each marked request draws its own.
+  s.dev->set_cnp_min_gap_ns(0);
+  p.send(req(op::kRcSendOnly, 104), bytes(16, 1));
+  out = step();
+  EXPECT_EQ(count_cnps(out), 1u);
+  EXPECT_EQ(ctr(Ctr::kCnpSent), 2u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 1u);
+  EXPECT_EQ(qp->state(), QpState::kRts);
 }
 
 TEST_F(RespTest, AckBeforeNakKeepsPsnOrder) {

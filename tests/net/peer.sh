@@ -127,9 +127,10 @@ if out=$("$PCAP_ICRC_CHECK" "$pcap" --min 100 2>&1); then
 else
   echo "FAIL capture: $out"; fail=1
 fi
-# Both sides (server devices on A, client devices on B) must have solved IDs, seen CE and CNPs.
+# Both sides (server devices on A, client devices on B) must have solved IDs, seen CE and CNPs,
+# and sent CNPs for the CE-marked requests they took (the pingpong sends both ways).
 for side in server client; do
-  for c in icrc_id_solved ecn_ce_rcvd cnp_rcvd icrc_err; do
+  for c in icrc_id_solved ecn_ce_rcvd cnp_rcvd cnp_sent icrc_err; do
     v=$(cat "$work"/stats.rt-*."$side" 2>/dev/null | awk -v n="$c" '$1 == n { s += $2 } END { print s + 0 }')
     echo "     $side $c $v"
     if [ "$c" = icrc_err ]; then
