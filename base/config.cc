@@ -64,6 +64,13 @@ const VarDecl kVars[] = {
              "may need when cores are few)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
      .store = [](Config* c, const VarValue& v) { c->spin_us = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_BUSY_POLL_US", .type = VarType::kU32, .default_text = "`10`",
+     .values = "0..10000 (us)",
+     .help = "while the application polls an empty CQ, receive is left to its polls and the "
+             "progress thread takes the socket back this long after the last one (0: the "
+             "progress thread always receives)",
+     .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
+     .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

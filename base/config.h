@@ -56,6 +56,8 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 
 // SOFTRNIC_SPIN_US default: the progress thread's busy-poll budget after traffic.
 inline constexpr uint32_t kDefaultSpinUs = 20;
+// SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off window (EngineConfig::busy_poll_ns).
+inline constexpr uint32_t kDefaultBusyPollUs = 10;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
@@ -67,6 +69,7 @@ struct Config {
   PinMode pin = PinMode::kShadow;            // SOFTRNIC_PIN (shim)
   Hosting hosting = Hosting::kAuto;          // SOFTRNIC_HOSTING (shim)
   uint32_t spin_us = kDefaultSpinUs;         // SOFTRNIC_SPIN_US (shim -> EngineConfig::spin_ns)
+  uint32_t busy_poll_us = kDefaultBusyPollUs;  // SOFTRNIC_BUSY_POLL_US (shim -> busy_poll_ns)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

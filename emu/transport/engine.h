@@ -77,9 +77,11 @@ struct EngineConfig {
   bool gro = true;
   // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
   // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
-  // such poll (timers still run). 0 = the progress thread always receives. Off by default:
-  // at 20'000 ib_send_lat improves (typical 15 us vs 26-30) but conf_srq_pingpong_chk_4k
-  // hung 2 times in 11 runs (server side), not yet explained.
+  // such poll (timers still run); an app that stops polling (ib_write_lat waits on memory)
+  // has its packets received by the progress thread at most busy_poll_ns later. 0 = the
+  // progress thread always receives (the default here; the shim sets SOFTRNIC_BUSY_POLL_US,
+  // default 10 us). The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final
+  // ACK at teardown plus retry_cnt 7 retried forever, both fixed since (docs/progress.md).
   uint32_t busy_poll_ns = 0;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until

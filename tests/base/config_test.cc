@@ -77,6 +77,7 @@ TEST(Config, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_FALSE(c.ip.has_value());
   EXPECT_EQ(c.mtu, 0u);
   EXPECT_EQ(c.spin_us, rnic::base::kDefaultSpinUs);
+  EXPECT_EQ(c.busy_poll_us, rnic::base::kDefaultBusyPollUs);
   EXPECT_EQ(c.log, LogLevel::kError);
   EXPECT_EQ(c.log_file, "");
   EXPECT_EQ(c.pcap, "");
@@ -200,6 +201,20 @@ TEST(Config, SpinIsMicrosecondsUpToTenMilliseconds) {
   for (const char* no : {"10001", "-1", "50us", ""}) {
     Config c;
     EXPECT_NE(parse({{"SOFTRNIC_SPIN_US", no}}, &c).find("SOFTRNIC_SPIN_US"), std::string::npos)
+        << no;
+  }
+}
+
+TEST(Config, BusyPollIsMicrosecondsUpToTenMilliseconds) {
+  for (const char* ok : {"0", "1", "10", "10000"}) {
+    Config c;
+    EXPECT_EQ(parse({{"SOFTRNIC_BUSY_POLL_US", ok}}, &c), "") << ok;
+    EXPECT_EQ(c.busy_poll_us, std::stoul(ok));
+  }
+  for (const char* no : {"10001", "-1", "20us", ""}) {
+    Config c;
+    EXPECT_NE(parse({{"SOFTRNIC_BUSY_POLL_US", no}}, &c).find("SOFTRNIC_BUSY_POLL_US"),
+              std::string::npos)
         << no;
   }
 }

@@ -314,18 +314,18 @@ __attribute__((no_sanitize("thread"))) uint32_t peek_dma(const volatile uint32_t
   return *v;
 }
 
-// The progress thread's spin (EngineConfig::spin_ns, SOFTRNIC_SPIN_US): a WRITE ping-pong in
-// which each side waits on memory (as ib_write_lat), so every WRITE is received by the
-// peer's progress thread, spinning between packets. Every byte arrives, each side polls only
-// its send CQ; then, with the peer's engine stopped, the retransmit timer of a spinning
-// engine still fires (RETRY_EXC_ERR after retry_cnt retries).
-TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) {
+// A WRITE ping-pong in which each side waits on memory (as ib_write_lat), so every WRITE is
+// received by the peer's progress thread. Every byte arrives, each side polls only its send
+// CQ; then, with the peer's engine stopped, a's retransmit timer still fires (RETRY_EXC_ERR
+// after retry_cnt retries).
+void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns) {
   Node a = Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"},
-                                   200'000);
+                                   spin_ns, busy_poll_ns);
   Node b = Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"},
-                                   200'000);
+                                   spin_ns, busy_poll_ns);
   ASSERT_TRUE(a.eng && b.eng);
-  EXPECT_EQ(a.eng->config().spin_ns, 200'000u);
+  EXPECT_EQ(a.eng->config().spin_ns, spin_ns);
+  EXPECT_EQ(a.eng->config().busy_poll_ns, busy_poll_ns);
   auto qa = a.qp(QpType::kRc);
   auto qb = b.qp(QpType::kRc);
   ConnOpts o;
@@ -386,6 +386,18 @@ TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
 }
+
+// The progress thread's spin (EngineConfig::spin_ns, SOFTRNIC_SPIN_US): every WRITE of the
+// ping-pong is received by the peer's progress thread, spinning between packets.
+TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) { write_ping_pong(200'000, 0); }
+
+// The busy-poll hand-off (EngineConfig::busy_poll_ns, SOFTRNIC_BUSY_POLL_US): each side's
+// polls of its empty send CQ take the socket from its progress thread, then it stops polling
+// and waits on memory. The peer's WRITE comes while nobody polls, so the progress thread must
+// take the socket back busy_poll_ns after the last poll (an engine that left receive to a
+// poller that stopped would never see it: the 10 s wait fails).
+TEST(BusyPollTest, WritePingPongWaitingOnMemoryAfterPolling) { write_ping_pong(0, 20'000); }
+TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20'000); }
 
 // A receiver whose port has a filter (capture / fault mode) gets GRO buffers split into
 // segments without their index: GSO runs from a filter-free sender must still pass ICRC.
