@@ -77,6 +77,8 @@ check() {
   got=$(grep -Ec -- "$re" "$f")
   if [ "$rc" = 0 ] && [ "$got" -ge "$n" ]; then return 0; fi
   echo "---- $name: exit $rc, $got/$n lines /$re/ (tail)"; tail -n 15 "$f"
+  # stderr is unbuffered and stdout flushed at exit: the program's own error lines come first
+  echo "---- $name: lines not matching /$re/"; grep -Ev -- "$re" "$f" | tail -n 15
   return 1
 }
 # pair NAME RE N TMO SERVER_HOST CLIENT_HOST -- SERVER_CMD... --client-- CLIENT_CMD...
