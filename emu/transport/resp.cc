@@ -169,15 +169,11 @@ void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t*
 // kMaxAckReqsPerAck AckReqs per ACK: a requester that spaces AckReqs through its window
 // (docs/congestion.md) gets several ACKs per window, so one lost ACK does not stall it.
 constexpr uint8_t kMaxAckReqsPerAck = 2;
-void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
+
+// Records the ACK owed for psn (at the current MSN) and puts the QP on the engine's
+// pending-ACK list, sent when the receive batch ends (or now if the list is full).
+void owe_ack(Engine& e, Qp& qp, uint32_t psn) {
   RespState& s = qp.resp_;
-  if (s.ack_pending && s.ack_reqs + 1 >= kMaxAckReqsPerAck) emit_pending_ack(e, qp);
-  if (s.ack_pending) {
-    bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
-    ++s.ack_reqs;
-  } else {
-    s.ack_reqs = 0;
-  }
   s.ack_pending = true;
   s.ack_psn = psn;
   s.ack_msn = s.msn;
@@ -190,21 +186,23 @@ void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
   }
 }
 
+void defer_ack(Engine& e, Qp& qp, uint32_t psn) {
+  RespState& s = qp.resp_;
+  if (s.ack_pending && s.ack_reqs + 1 >= kMaxAckReqsPerAck) emit_pending_ack(e, qp);
+  if (s.ack_pending) {
+    bump(qp.comp_.ctr, dctr(e), Ctr::kAckDeferred);
+    ++s.ack_reqs;
+  } else {
+    s.ack_reqs = 0;
+  }
+  owe_ack(e, qp, psn);
+}
+
 // Owes an ACK for psn, replacing any owed one (never sent early): the stash replay
 // acknowledges only the last PSN it completed, so the requester sees one answer.
 void hold_ack(Engine& e, Qp& qp, uint32_t psn) {
-  RespState& s = qp.resp_;
-  s.ack_pending = true;
-  s.ack_reqs = 0;
-  s.ack_psn = psn;
-  s.ack_msn = s.msn;
-  if (!s.ack_listed) {
-    if (e.defer_ack(qp)) {
-      s.ack_listed = true;
-    } else {
-      emit_pending_ack(e, qp);
-    }
-  }
+  qp.resp_.ack_reqs = 0;
+  owe_ack(e, qp, psn);
 }
 
 void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
@@ -220,9 +218,8 @@ void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
 // A request that arrived with ECN CE (IP TOS & 3 == 3): as a RoCE NIC's notification point
 // (DCQCN), tell the requesting QP with a CNP (opcode 0x81, BECN set, PSN 0, 16 reserved bytes,
 // as ConnectX sends it), at most one per QP per Device::cnp_min_gap_ns (50 µs, DCQCN's N).
-// The requester cuts its window
-// (comp.cc, docs/congestion.md §3). RC and UC only: a UD request names no QP to answer, and
-// an XRC target's answers go through the XRC opcodes.
+// The requester cuts its window (comp.cc, docs/congestion.md §3). RC and UC only: a UD
+// request names no QP to answer, and an XRC target's answers go through the XRC opcodes.
 void note_ce(Engine& e, Qp& qp) {
   if (qp.type() != QpType::kRc && qp.type() != QpType::kUc) return;
   RespState& s = qp.resp_;
