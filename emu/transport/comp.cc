@@ -80,6 +80,13 @@ int first_active(Qp& qp) {
   return -1;
 }
 
+// The oldest WQE waiting for the network is a SEND or WRITE: its lost packet can be resent
+// alone. (A READ/ATOMIC's responses are themselves the rest: a resent request asks for all.)
+bool oldest_resends_alone(Qp& qp) {
+  const int i = first_active(qp);
+  return i >= 0 && !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask);
+}
+
 // Completes SEND/WRITE WQEs whose packets are all acknowledged by `psn` (inclusive) and
 // records a partial acknowledgement. Sets *lost when the ACK passes an unanswered READ or
 // ATOMIC (its responses were lost: rxe retries). Returns true on forward progress.
@@ -167,9 +174,7 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
     c.win.sel_out = false;
     probe_answered = false;
     if (psn_diff(c.win.sel_end, c.psn) > 0) {
-      const int i = first_active(qp);
-      if (c.psn != psn_add(c.win.sel_psn, 1) && i >= 0 &&
-          !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+      if (c.psn != psn_add(c.win.sel_psn, 1) && oldest_resends_alone(qp)) {
         c.win.inorder_votes = 0;
         sel_again = true;
         c.win.sel_out = true;
@@ -382,11 +387,9 @@ CompStep nak(Engine& e, Qp& qp, Resp& k) {
     // discards out-of-order packets, as ConnectX and rxe, acknowledges exactly it, and the
     // go-back follows one round trip later: on_progress). Not while a go-back is resending,
     // nor for a READ/ATOMIC (its responses are the rest).
-    const int i = first_active(qp);
     const bool try_sel = c.win.inorder_votes < SendWindow::kInorderVotes ||
                          ++c.win.inorder_naks % SendWindow::kInorderRetry == 0;
-    if (i >= 0 && qp.req_.psn == qp.req_.max_psn && try_sel &&
-        !(facts(qp, qp.sq().at(static_cast<uint32_t>(i))) & kWrRdAtomicMask)) {
+    if (qp.req_.psn == qp.req_.max_psn && try_sel && oldest_resends_alone(qp)) {
       c.win.sel_out = true;
       c.win.sel_psn = c.psn;
       c.win.sel_end = qp.req_.max_psn;
@@ -571,9 +574,7 @@ void comp_on_timer(Engine& e, Qp& qp, uint64_t now_ns) {
                                                              kMaxProbeBackoff));
         bump(c.ctr, e.counters(), Ctr::kRetransProbes);
         // A probed READ/ATOMIC is answered by responses that are already the rest: no go-back.
-        const int oldest = first_active(qp);
-        w.probe_out = w.lossy && oldest >= 0 &&
-                      !(facts(qp, qp.sq().at(static_cast<uint32_t>(oldest))) & kWrRdAtomicMask);
+        w.probe_out = w.lossy && oldest_resends_alone(qp);
         w.probe_psn = c.psn;
         req_probe(e, qp);
       }
