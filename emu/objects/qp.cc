@@ -342,14 +342,18 @@ bool Qp::flush_push(const std::shared_ptr<Cq>& cq, const Cqe& e) {
 void Qp::flush_sq_locked() {
   while (!sq_.empty()) {
     SendWqe& w = sq_.head();
+    // A WQE the completer already failed (RETRY_EXC, REM_ACCESS, ...) keeps its own status:
+    // comp_retire moves the QP to ERR before that completion is visible, so a consumer that
+    // polls the error CQE and then queries the QP sees ERR, never RTS.
+    const WcStatus st = w.state == WqeState::kError ? w.status : WcStatus::kWrFlushErr;
     if (w.tm_kind != 0) {
-      tm_complete_locked(w, WcStatus::kWrFlushErr);
+      tm_complete_locked(w, st);
       sq_.pop();
       continue;
     }
     Cqe e;
     e.wr_id = w.wr_id;
-    e.status = WcStatus::kWrFlushErr;
+    e.status = st;
     e.opcode = wc_opcode_for(w.opcode);
     e.qp_num = qpn_;
     flush_push(send_cq_, e);  // errors always complete (IBA 10.7.3.1)

@@ -258,10 +258,10 @@ void comp_retire(Engine& e, Qp& qp) {
       continue;
     }
     if (w.state == WqeState::kError) {
-      WcStatus st = w.status;
-      (void)qp.complete_send_head_locked(st, wc_byte_len(qp, w));
-      if (r.pos > 0) --r.pos;
-      // Spec: a UC/UD send error takes the QP to SQE; RC to ERR (and remote errors too).
+      // Spec: a UC/UD send error takes the QP to SQE; RC to ERR (and remote errors too). The
+      // state changes first; the flush then completes this WQE with its own status, and the
+      // rest with WR_FLUSH_ERR.
+      r.pos = 0;
       fail_qp(qp, !is_reliable(qp.type()));
       return;
     }

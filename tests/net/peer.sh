@@ -77,30 +77,7 @@ run() {
   rpid=$!
   pids+=("$rpid")
 }
-# Samples every live device's counters, all sockets of a round in parallel. The socket of a
-# process that has exited is dropped after it refused twice: each softrnic-ctl call costs
-# ~0.3 s in the asan build, and trying the dead ones in turn made rounds longer than the
-# short clients live (asan CI once had no client sample at all).
-sampler() {
-  while :; do
-    local s n
-    for s in "$work"/rt-*/*.sock; do
-      [ -S "$s" ] || continue
-      n=$(basename "$(dirname "$s")")
-      (
-        if "$SOFTRNIC_CTL" --socket "$s" stats >"$work/st.$n.tmp" 2>"$work/st.$n.err"; then
-          mv "$work/st.$n.tmp" "$work/stats.$n"
-          rm -f "$work/refused.$n"
-        elif grep -q "refused" "$work/st.$n.err"; then
-          if [ -e "$work/refused.$n" ]; then rm -f "$s"; else : >"$work/refused.$n"; fi
-        fi
-      ) &
-    done
-    wait
-    sleep 0.05
-  done
-}
-sampler &
+topo_sampler "$work" 'rt-*/*.sock' &
 pids+=("$!")
 
 # pair NAME PORT EXPECT TMO PROG ARGS...: server on A, client on B.

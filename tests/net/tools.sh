@@ -62,19 +62,6 @@ run_on() {
   pids+=("$rpid")
 }
 
-# Samples every device's counters while programs run: $work/stats.<name>.
-sampler() {
-  while :; do
-    local s
-    for s in "$work"/rt*/*.sock; do
-      [ -S "$s" ] || continue
-      local tag; tag="$(basename "$(dirname "$s")")"
-      "$SOFTRNIC_CTL" --socket "$s" stats >"$work/st.tmp" 2>/dev/null && mv "$work/st.tmp" "$work/stats.$tag"
-    done
-    sleep 0.2
-  done
-}
-
 # pair NAME SERVER_HOST CLIENT_HOST PORT TMO PROG ARGS...: server then client; records the result.
 pair_start() {
   local name="$1" sh="$2" ch="$3" port="$4" tmo="$5"; shift 5
@@ -117,7 +104,7 @@ tpid=$!
 pids+=("$tpid")
 for _ in $(seq 1 50); do [ -s "$pcap" ] && break; sleep 0.1; done
 sleep 0.5
-sampler &
+topo_sampler "$work" 'rt*/*.sock' &
 pids+=("$!")
 
 pp='iters in'

@@ -11,6 +11,9 @@
 #                                     off so the link-local fe80:: address is usable at once
 #   topo_ip6 i                        host i's IPv6 address
 #   TOPO_BRIDGE                       the bridge (capture on it: tshark -i "$TOPO_BRIDGE")
+#   topo_sampler WORK 'GLOB' &        sample the counters of every device whose control socket
+#                                     matches WORK/GLOB (e.g. 'rt*/*.sock') into
+#                                     WORK/stats.<socket's directory>, until killed
 #   topo_down                         delete everything (installed as an EXIT trap by topo_up;
 #                                     a caller with its own EXIT trap calls topo_down from it)
 # Names carry the creating shell's pid ($$) so parallel runs cannot collide: namespaces
@@ -108,4 +111,29 @@ topo_up() {
     [ "$ok" = 1 ] || { echo "topo_up: host $i cannot reach $(topo_ip 1)" >&2; return 1; }
   done
   return 0
+}
+
+# topo_sampler WORK GLOB: loops until killed, sampling every live device's counters ("softrnic-ctl
+# stats") into WORK/stats.<name of the socket's directory>, all sockets of a round in parallel.
+# The socket of a process that has exited is dropped after it refused twice: each softrnic-ctl
+# call costs ~0.3 s in the asan build, and trying the dead ones in turn made rounds longer than
+# the short clients live (asan CI once had no sample of a client at all).
+topo_sampler() {
+  local work="$1" glob="$2" s n
+  while :; do
+    for s in "$work"/$glob; do
+      [ -S "$s" ] || continue
+      n=$(basename "$(dirname "$s")")
+      (
+        if "$SOFTRNIC_CTL" --socket "$s" stats >"$work/st.$n.tmp" 2>"$work/st.$n.err"; then
+          mv "$work/st.$n.tmp" "$work/stats.$n"
+          rm -f "$work/refused.$n"
+        elif grep -q "refused" "$work/st.$n.err"; then
+          if [ -e "$work/refused.$n" ]; then rm -f "$s"; else : >"$work/refused.$n"; fi
+        fi
+      ) &
+    done
+    wait
+    sleep 0.05
+  done
 }
