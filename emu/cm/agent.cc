@@ -200,12 +200,30 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     std::lock_guard lk(mu_);
     if (stop_) return -ESHUTDOWN;
     if (!listeners_.emplace(service_id, std::move(sink)).second) return -EADDRINUSE;
+    // The REQs held for this service go back to the cm thread, ahead of newer MADs.
+    unlistened_.erase(service_id);
+    bool woke = false;
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->service_id != service_id) {
+        ++it;
+        continue;
+      }
+      rxq_.push_front(it->m);
+      it = held_.erase(it);
+      woke = true;
+    }
+    if (woke) cv_.notify_one();
     return 0;
   }
   int cancel_listen(uint64_t service_id) override {
     {
       std::lock_guard lk(mu_);
       if (listeners_.erase(service_id) == 0) return -ENOENT;
+      const uint64_t now = now_ns();
+      std::erase_if(unlistened_, [&](const auto& kv) {
+        return now - kv.second > kRelistenWindowMs * 1000000ull;
+      });
+      unlistened_[service_id] = now;
     }
     if (opt_.claim_service) (void)opt_.claim_service(service_id, false);
     return 0;
@@ -685,6 +703,8 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
       uint64_t next = 0;
       for (auto& [id, c] : conns_)
         if (c.tm != Tm::kNone && (next == 0 || c.deadline < next)) next = c.deadline;
+      for (const Held& x : held_)
+        if (next == 0 || x.deadline < next) next = x.deadline;
       if (next == 0) {
         cv_.wait(lk);
       } else {
@@ -695,6 +715,15 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   }
 
   void run_timers_locked(uint64_t now) {
+    // Held REQs whose listen did not come back: answered now as if never held.
+    while (!held_.empty() && held_.front().deadline <= now) {
+      RxMad m = held_.front().m;
+      held_.pop_front();
+      no_hold_ = true;
+      --ctr_.mads_received;  // counted when it first arrived
+      handle_locked(m);
+      no_hold_ = false;
+    }
     std::vector<uint32_t> gone;
     for (auto& [id, c] : conns_) {
       if (c.tm == Tm::kNone || c.deadline > now) continue;
@@ -727,7 +756,40 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     for (uint32_t id : gone) release_locked(id);
   }
 
+  // True (and m kept) if a REQ/SIDR_REQ for service_id, which nobody listens on, arrived
+  // within kRelistenWindowMs of that service's listen ending: the listener may be coming back.
+  // key names the request (REQ: remote CA GUID ^ comm ID; SIDR: request ID): a retransmission
+  // of a held request is dropped (it stays held once).
+  bool hold_locked(uint64_t service_id, uint64_t key) {
+    if (no_hold_ || cur_ == nullptr) return false;
+    for (const Held& x : held_) {
+      if (x.key == key && x.service_id == service_id && x.m.src.same_ip(cur_->src)) {
+        ++ctr_.dropped_duplicate;
+        return true;
+      }
+    }
+    if (held_.size() >= kMaxHeld) return false;
+    auto u = unlistened_.find(service_id);
+    if (u == unlistened_.end()) return false;
+    const uint64_t now = now_ns();
+    const uint64_t window = kRelistenWindowMs * 1000000ull;
+    if (now - u->second > window) {
+      unlistened_.erase(u);
+      return false;
+    }
+    held_.push_back(Held{*cur_, service_id, key, now + window});  // deadlines stay in order
+    ++ctr_.reqs_held;
+    cv_.notify_one();
+    return true;
+  }
+
   void handle_locked(const RxMad& m) {
+    cur_ = &m;
+    handle_one_locked(m);
+    cur_ = nullptr;
+  }
+
+  void handle_one_locked(const RxMad& m) {
     mad::Header h;
     mad::Verdict v = mad::parse_header(std::span<const uint8_t>(m.b.data(), m.len), &h);
     if (v == mad::Verdict::kUnsupported) {
@@ -825,6 +887,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     }
     auto l = listeners_.find(r.service_id);
     if (l == listeners_.end()) {
+      if (hold_locked(r.service_id, r.local_ca_guid ^ r.local_comm_id)) return;
       send_stateless_rej(h.tid, from, r.local_comm_id, kRejInvalidServiceId);
       return;
     }
@@ -1083,6 +1146,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     }
     auto l = listeners_.find(r.service_id);
     if (l == listeners_.end()) {
+      if (hold_locked(r.service_id, r.request_id)) return;
       SidrRepParams p;
       p.status = kSidrUnsupported;
       send_sidr_rep_locked(from, h.tid, r.request_id, r.service_id, p);
@@ -1141,6 +1205,17 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   std::deque<RxMad> rxq_;
   std::unordered_map<uint32_t, Conn> conns_;
   std::map<uint64_t, Sink> listeners_;
+  // A REQ held for a service whose listen ended within kRelistenWindowMs (agent.h, Passive).
+  struct Held {
+    RxMad m;
+    uint64_t service_id = 0;
+    uint64_t key = 0;       // hold_locked's
+    uint64_t deadline = 0;  // steady ns; held_ is in deadline order
+  };
+  std::map<uint64_t, uint64_t> unlistened_;  // service ID -> when its listen ended (steady ns)
+  std::deque<Held> held_;
+  const RxMad* cur_ = nullptr;  // the MAD handle_locked is processing
+  bool no_hold_ = false;        // replaying an expired held REQ: answer it, never hold again
   uint32_t next_id_ = 1;
   AgentCounters ctr_;
   std::vector<std::pair<Sink, Event>> pending_;

@@ -9,6 +9,7 @@
 //      equal to Path::local_gid (its socket: an IPv6 GID's own), replies from the GID the
 //      MAD arrived on; a passive SIDR's Path::local_gid is that arrival GID.
 //   v4 (issue 16) additive: AgentOptions::comm_id_prefix and claim_service (daemon hosting).
+//   v5 additive: AgentCounters::reqs_held (a REQ held for a service re-listened soon).
 //
 // WHAT IT DOES
 //   Active side:   send_req -> (kRepReceived -> send_rtu) | kRejReceived | kMraReceived
@@ -17,7 +18,13 @@
 //                  listener's sink) -> send_rep -> kRtuReceived | kTimeout | kRejReceived;
 //                  or send_rej / send_mra. A REQ for a service nobody listens on is answered
 //                  by the agent itself with REJ reason 8 (kRejInvalidServiceId), LocalCommID 0,
-//                  MsgREJed = REQ; the active side gets kRejReceived.
+//                  MsgREJed = REQ; the active side gets kRejReceived. Except just after a
+//                  listen on that service ID ended (cancel_listen, within kRelistenWindowMs):
+//                  a program that listens again on the same port (perftest -R: one connection
+//                  to exchange parameters, then the test's own) may not be listening yet when
+//                  its peer's next REQ arrives, so the agent holds that REQ (or SIDR_REQ) for
+//                  up to kRelistenWindowMs, delivers it if the listen comes, and answers as
+//                  above if not. At most kMaxHeld are held; counted in reqs_held.
 //   Teardown:      send_dreq -> kDrepReceived (or kTimeout with msg = kDreq) -> timewait;
 //                  peer: kDreqReceived -> send_drep -> timewait. Timewait ends with
 //                  kTimewaitExit; the comm_id is then released (destroy() is still allowed and
@@ -93,6 +100,9 @@ inline constexpr uint32_t kGsiQpn = 1;
 inline constexpr uint32_t kGsiQkey = 0x80010000u;
 inline constexpr uint16_t kGsiPkey = 0xFFFF;
 inline constexpr size_t kMadBytes = 256;
+// A REQ for a service whose listen ended this recently is held that long (see Passive above).
+inline constexpr uint64_t kRelistenWindowMs = 1000;
+inline constexpr size_t kMaxHeld = 64;
 
 // Private-data capacities (bytes) of each message: the most a caller may pass; events always
 // report exactly this many bytes, zero-padded (what the kernel does, apps rely on it).
@@ -329,6 +339,7 @@ struct AgentCounters {
   uint64_t timeouts = 0;           // kTimeout events
   uint64_t rej_sent = 0;
   uint64_t connections = 0;        // currently allocated comm IDs (gauge)
+  uint64_t reqs_held = 0;          // REQs/SIDR_REQs held for a service re-listened soon
 };
 
 class Agent {

@@ -4,7 +4,9 @@
 // SIDR, argument errors, and a few hundred forged/malformed MADs counted and dropped.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "emu/cm/mad.h"
 #include "wire/packet.h"
@@ -107,6 +109,51 @@ TEST_F(CmAgent, NoListenerGetsRej8) {
   EXPECT_EQ(e.comm_id, static_cast<uint32_t>(id));
   EXPECT_EQ(b_->cm->counters().rej_sent, 1u);
   EXPECT_EQ(a_->cm->counters().connections, 0u);
+}
+
+// perftest -R listens twice on one port: a REQ that arrives between the first listen's end
+// and the second listen is held, and delivered once the listen comes back.
+TEST_F(CmAgent, ReqBetweenListensIsHeldForTheNextListen) {
+  Recorder ra, rb1, rb2;
+  Agent& A = *a_->cm;
+  Agent& B = *b_->cm;
+  ASSERT_EQ(B.listen(kSid, rb1.sink()), 0);
+  ASSERT_EQ(B.cancel_listen(kSid), 0);
+  const int64_t id = A.send_req(req_to(*a_, *b_), ra.sink());
+  ASSERT_GT(id, 0);
+  for (int i = 0; i < 500 && B.counters().reqs_held == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(B.counters().reqs_held, 1u);
+  EXPECT_EQ(B.counters().rej_sent, 0u);
+  EXPECT_EQ(ra.count(EventType::kRejReceived), 0u);
+  ASSERT_EQ(B.listen(kSid, rb2.sink()), 0);
+  ASSERT_TRUE(rb2.wait(EventType::kReqReceived));
+  EXPECT_EQ(rb2.first(EventType::kReqReceived).remote_comm_id, static_cast<uint32_t>(id));
+  EXPECT_EQ(rb1.count(EventType::kReqReceived), 0u);
+  EXPECT_EQ(B.counters().rej_sent, 0u);
+  EXPECT_EQ(B.counters().connections, 1u);
+}
+
+// ... and answered with REJ 8 when no listen comes within kRelistenWindowMs.
+TEST_F(CmAgent, HeldReqWithoutRelistenGetsRej8AfterTheWindow) {
+  Recorder ra, rb;
+  Agent& B = *b_->cm;
+  // A requester whose REQ outlives the window (a_ caps its waits at 40 ms, 16 tries): its
+  // retransmissions are dropped as duplicates while the first is held.
+  auto slow = mem_node(net_, "127.0.0.4", 200);
+  ASSERT_TRUE(slow);
+  ASSERT_EQ(B.listen(kSid, rb.sink()), 0);
+  ASSERT_EQ(B.cancel_listen(kSid), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_GT(slow->cm->send_req(req_to(*slow, *b_), ra.sink()), 0);
+  ASSERT_TRUE(ra.wait(EventType::kRejReceived, 1, 5000));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(ra.first(EventType::kRejReceived).reject_reason, kRejInvalidServiceId);
+  EXPECT_EQ(B.counters().reqs_held, 1u);
+  EXPECT_EQ(B.counters().rej_sent, 1u);
+  EXPECT_GE(waited, std::chrono::milliseconds(kRelistenWindowMs));
+  EXPECT_GE(B.counters().dropped_duplicate, 3u);  // ~5 REQ retries in the window
+  EXPECT_EQ(B.counters().connections, 0u);
 }
 
 TEST_F(CmAgent, ReqRetriesThenTimeout) {
