@@ -202,17 +202,16 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     if (!listeners_.emplace(service_id, std::move(sink)).second) return -EADDRINUSE;
     // The REQs held for this service go back to the cm thread, ahead of newer MADs.
     unlistened_.erase(service_id);
-    bool woke = false;
+    size_t n = 0;  // in arrival order, ahead of what came after them
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->service_id != service_id) {
         ++it;
         continue;
       }
-      rxq_.push_front(it->m);
+      rxq_.insert(rxq_.begin() + static_cast<std::ptrdiff_t>(n++), it->m);
       it = held_.erase(it);
-      woke = true;
     }
-    if (woke) cv_.notify_one();
+    if (n != 0) cv_.notify_one();
     return 0;
   }
   int cancel_listen(uint64_t service_id) override {
