@@ -134,6 +134,33 @@ TEST_F(CmAgent, ReqBetweenListensIsHeldForTheNextListen) {
   EXPECT_EQ(B.counters().connections, 1u);
 }
 
+// Several held REQs are delivered in the order they arrived.
+TEST_F(CmAgent, HeldReqsAreDeliveredInArrivalOrder) {
+  Recorder ra, rc, rb;
+  Agent& B = *b_->cm;
+  auto c = mem_node(net_, "127.0.0.4", 40);
+  ASSERT_TRUE(c);
+  ASSERT_EQ(B.listen(kSid, rb.sink()), 0);
+  ASSERT_EQ(B.cancel_listen(kSid), 0);
+  const auto wait_held = [&](uint64_t n) {
+    for (int i = 0; i < 500 && B.counters().reqs_held < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return B.counters().reqs_held == n;
+  };
+  ASSERT_GT(a_->cm->send_req(req_to(*a_, *b_), ra.sink()), 0);
+  ASSERT_TRUE(wait_held(1));
+  ASSERT_GT(c->cm->send_req(req_to(*c, *b_), rc.sink()), 0);
+  ASSERT_TRUE(wait_held(2));
+  ASSERT_EQ(B.listen(kSid, rb.sink()), 0);
+  ASSERT_TRUE(rb.wait(EventType::kReqReceived, 2));
+  std::vector<uint64_t> from;
+  for (const Event& e : rb.all())
+    if (e.type == EventType::kReqReceived) from.push_back(e.remote_ca_guid);
+  ASSERT_EQ(from.size(), 2u);
+  EXPECT_EQ(from[0], a_->cm->ca_guid());
+  EXPECT_EQ(from[1], c->cm->ca_guid());
+}
+
 // ... and answered with REJ 8 when no listen comes within kRelistenWindowMs.
 TEST_F(CmAgent, HeldReqWithoutRelistenGetsRej8AfterTheWindow) {
   Recorder ra, rb;
