@@ -38,6 +38,16 @@ uint64_t now_ms() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
+// The CM agent's cm::kRelistenWindowMs (emu/cm/agent.h; the daemon's layer does not include
+// emu/cm): a REQ for a service whose listen ended this recently goes to that listener's slot.
+constexpr uint64_t kRelistenWindowMs = 1000;
+
+uint64_t steady_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
 }  // namespace
 
 namespace {
@@ -375,6 +385,7 @@ void Server::drop_client(int fd, const char* why) {
   if (c.dev >= 0) {
     Device& d = devs_[c.dev];
     for (uint64_t sid : c.services) d.services.erase(sid);
+    std::erase_if(d.unlistened, [&](const auto& kv) { return kv.second.first == c.slot; });
     RNIC_LOG(kInfo, "softrnicd: %s: client pid %d left slot %d (%s)", d.info.name, int(c.pid), c.slot, why);
     release_slot(d, c.slot, c.pid);
   }
@@ -503,10 +514,18 @@ void Server::handle(Client& c, const uint8_t* buf, size_t len, bool* close_it) {
         } else {
           d.services[m.service_id] = c.slot;
           c.services.insert(m.service_id);
+          d.unlistened.erase(m.service_id);
         }
       } else {
         auto it = d.services.find(m.service_id);
-        if (it != d.services.end() && it->second == c.slot) d.services.erase(it);
+        if (it != d.services.end() && it->second == c.slot) {
+          d.services.erase(it);
+          const uint64_t now = steady_ms();
+          std::erase_if(d.unlistened, [&](const auto& kv) {
+            return now - kv.second.second > kRelistenWindowMs;
+          });
+          d.unlistened[m.service_id] = {c.slot, now};
+        }
         c.services.erase(m.service_id);
       }
       (void)send_msg(c.fd, &out, sizeof out);
@@ -565,8 +584,10 @@ std::string Server::status_json() const {
 }
 
 // The slot a QP1 datagram belongs to (IBA 12.6 message layouts; cm-notes §3), or 0:
-//  - REQ, SIDR_REQ: the client listening on its Service ID; with none, the first client
-//    (its CM answers REJ "invalid service ID" / SIDR status 1, as one device's CM would);
+//  - REQ, SIDR_REQ: the client listening on its Service ID; with none, the client whose listen
+//    on it ended less than kRelistenWindowMs ago (its CM holds the REQ for a new listen),
+//    else the first client (its CM answers REJ "invalid service ID" / SIDR status 1, as one
+//    device's CM would);
 //  - every other CM message names our comm ID (REP, RTU, REJ, MRA, DREQ, DREP, LAP, APR: the
 //    Remote Comm ID; SIDR_REP: the Request ID), whose top byte is the client's slot
 //    (cm::AgentOptions::comm_id_prefix);
@@ -592,8 +613,15 @@ int Server::route_cm(const Device& d, const uint8_t* p, size_t len) const {
   switch (attr) {
     case 0x0010:    // REQ
     case 0x0017: {  // SIDR_REQ
-      auto it = d.services.find(be64(data + 8));
-      return it != d.services.end() ? it->second : first_client();
+      const uint64_t sid = be64(data + 8);
+      auto it = d.services.find(sid);
+      if (it != d.services.end()) return it->second;
+      // A listen that ended just now: its process may listen again (agent.h, Passive).
+      auto u = d.unlistened.find(sid);
+      if (u != d.unlistened.end() && steady_ms() - u->second.second <= kRelistenWindowMs &&
+          d.slots[u->second.first].client >= 0)
+        return u->second.first;
+      return first_client();
     }
     case 0x0018:  // SIDR_REP: Request ID
       return data[0];

@@ -69,6 +69,10 @@ class Server {
     std::unique_ptr<wire::UdpPort> own;   // slot 0: QP1 and unsteered datagrams
     std::vector<Slot> slots;              // index = slot number; slots[0] unused
     std::map<uint64_t, int> services;     // CM service ID -> slot
+    // Service IDs whose listen ended: -> {slot, steady ms}. A REQ for one within
+    // kRelistenWindowMs (server.cc) goes to that slot, whose CM agent holds it for the
+    // next listen (perftest -R listens twice on one port; emu/cm/agent.h).
+    std::map<uint64_t, std::pair<int, uint64_t>> unlistened;
   };
   struct Client {
     int fd = -1;
