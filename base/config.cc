@@ -85,6 +85,12 @@ const VarDecl kVars[] = {
      .help = "capture every packet sent and received to a pcap", .reader = "services",
      .empty_is_error = true,
      .store = [](Config* c, const VarValue& v) { c->pcap = v.s; }},
+    {.name = "SOFTRNIC_STATS_AT_EXIT", .type = VarType::kPath, .default_text = "off",
+     .values = "a file path (`%p` -> pid)",
+     .help = "at device close, write the device's `softrnic-ctl stats` counters to this file "
+             "(written whole, then renamed into place)",
+     .reader = "services", .empty_is_error = true,
+     .store = [](Config* c, const VarValue& v) { c->stats_at_exit = v.s; }},
     {.name = "SOFTRNIC_FAULTS", .type = VarType::kString, .default_text = "none",
      .values = "rules of `emu/fault/fault_rules.h`, `;`-separated",
      .help = "fault plan, inline", .reader = "services",

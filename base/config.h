@@ -73,6 +73,7 @@ struct Config {
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)
+  std::string stats_at_exit;                 // SOFTRNIC_STATS_AT_EXIT pattern (services)
   std::string faults;                        // SOFTRNIC_FAULTS (services -> fault engine)
   std::string faults_file;                   // SOFTRNIC_FAULTS_FILE (services)
   std::optional<uint64_t> fault_seed;        // SOFTRNIC_FAULT_SEED (services)

@@ -2,7 +2,9 @@
 // the engine's port as one PacketFilter (see services.h for the contract).
 #include "emu/services/services.h"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/log.h"
 #include "emu/fault/fault_rules.h"
 #include "emu/objects/device.h"
 #include "emu/transport/engine.h"
@@ -28,6 +31,7 @@ ServicesOptions ServicesOptions::from_config(const base::Config& c) {
   // Decimal text of the already-parsed seed, so the fault engine reads exactly this number.
   if (c.fault_seed) o.fault_seed = std::to_string(*c.fault_seed);
   o.pcap = c.pcap;
+  o.stats_at_exit = c.stats_at_exit;
   o.secure_keys = c.secure_keys;
   o.strict_src = c.strict_src;
   o.strict_src_port = c.strict_src_port;
@@ -45,7 +49,7 @@ std::string ServicesOptions::from_env(ServicesOptions* out) {
       "SOFTRNIC_FAULTS",      "SOFTRNIC_FAULTS_FILE", "SOFTRNIC_FAULT_SEED",
       "SOFTRNIC_FAULT_TRACE", "SOFTRNIC_PCAP",        "SOFTRNIC_SECURE_KEYS",
       "SOFTRNIC_STRICT_SRC",  "SOFTRNIC_STRICT_SRC_PORT", "SOFTRNIC_CONTROL",
-      "SOFTRNIC_RC_STASH"};
+      "SOFTRNIC_RC_STASH",    "SOFTRNIC_STATS_AT_EXIT"};
   base::Config c;
   if (std::string e = base::parse_config(base::process_env(), &c, kVars); !e.empty()) return e;
   *out = from_config(c);
@@ -72,6 +76,7 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
   if (opt.rc_stash) dev->set_rc_stash(*opt.rc_stash);
   std::unique_ptr<DeviceServices> s(new DeviceServices(dev));
   s->always_filter_ = opt.always_filter;
+  s->stats_at_exit_ = opt.stats_at_exit;
 
   auto c = [](const std::optional<std::string>& v) { return v ? v->c_str() : nullptr; };
   std::string e = FaultEngine::from_values(c(opt.faults), c(opt.faults_file), c(opt.fault_seed),
@@ -154,6 +159,7 @@ DeviceServices::~DeviceServices() {
     installed_.store(false, std::memory_order_release);
     engine_->set_fault_engine(nullptr);
   }
+  if (engine_ != nullptr && stop_engine_ && !stats_at_exit_.empty()) write_stats_at_exit();
   // A thread that loaded the filter pointer just before it was cleared may still be
   // entering on_packet: wait until none is inside, twice across a yield.
   for (int quiet = 0; quiet < 2;) {
@@ -171,6 +177,35 @@ DeviceServices::~DeviceServices() {
     capturing_.store(false, std::memory_order_release);
   }
   if (w != nullptr) w->close();
+}
+
+// The final counters (engine stopped: nothing moves any more) to stats_at_exit_ via a
+// temporary file and rename. A failure is logged, never fatal: the device is closing.
+void DeviceServices::write_stats_at_exit() {
+  StatList list;
+  if (!stats(std::nullopt, &list).empty()) return;
+  std::string path = wire::expand_pcap_path(stats_at_exit_);
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
+  if (f == nullptr) {
+    int en = errno;
+    if (fd >= 0) ::close(fd);
+    RNIC_LOG(kError, "SOFTRNIC_STATS_AT_EXIT: cannot write \"%s\": %s", tmp.c_str(),
+             std::strerror(en));
+    return;
+  }
+  bool ok = true;
+  for (const auto& [name, value] : list) {
+    ok = ok && std::fprintf(f, "%s %llu\n", name.c_str(),
+                            static_cast<unsigned long long>(value)) > 0;
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    RNIC_LOG(kError, "SOFTRNIC_STATS_AT_EXIT: cannot write \"%s\": %s", path.c_str(),
+             std::strerror(errno));
+    (void)::unlink(tmp.c_str());
+  }
 }
 
 // ---------------------------------------------------------------- filter

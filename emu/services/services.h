@@ -24,6 +24,10 @@
 //       fixed source port (4791 = softrnic peers). DeviceConfig::strict_src documents both.
 //       A bad value is an error naming the variable.
 //   SOFTRNIC_PCAP=file      capture from the start ("%p" -> pid). Cannot open -> error.
+//   SOFTRNIC_STATS_AT_EXIT=file  at device close (after the engine stopped, so every packet
+//       is counted) the `stats` lines go to this file ("%p" -> pid), written to file.tmp and
+//       renamed, so a reader never sees half of it. Tests read final counters from it; a
+//       sampler of the control socket can miss the end of a short run.
 //   SOFTRNIC_CONTROL=on|off|required   (default on) the control socket in the runtime dir
 //       (emu/services/control.h). on: failure to open it prints one warning line on stderr and the
 //       device works without it. required: failure is an error. off: no socket.
@@ -91,6 +95,8 @@ struct ServicesOptions {
   std::optional<std::string> faults, faults_file, fault_seed, fault_trace;
   // Capture file pattern ("%p" -> pid); empty = no capture at start.
   std::string pcap;
+  // Counters file written at device close ("%p" -> pid); empty = none.
+  std::string stats_at_exit;
   ControlMode control = ControlMode::kOn;
   // Hardening from the environment (nullopt = leave the device's DeviceConfig value).
   std::optional<bool> secure_keys;
@@ -158,6 +164,7 @@ class DeviceServices final : public ControlTarget, private wire::PacketFilter {
                std::span<const uint8_t> bytes, unsigned times);
   // Installs or removes the filter to match (rules || capture || always). Takes cfg_mu_.
   void update_filter_locked();
+  void write_stats_at_exit();
   std::optional<uint32_t> resolve_qpn(wire::Direction dir, uint32_t dest_qpn) const;
 
   std::shared_ptr<Device> dev_;
@@ -166,6 +173,7 @@ class DeviceServices final : public ControlTarget, private wire::PacketFilter {
   std::unique_ptr<ControlServer> server_;
   std::string warning_;
   bool always_filter_ = false;
+  std::string stats_at_exit_;  // ServicesOptions::stats_at_exit
   bool stop_engine_ = false;  // set once create() succeeded
 
   std::mutex cfg_mu_;                // capture start/stop, rule changes, filter install

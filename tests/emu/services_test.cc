@@ -203,6 +203,10 @@ TEST_F(ServicesTest, FromEnvReadsAndValidatesVariables) {
   ASSERT_TRUE(o.faults.has_value());
   EXPECT_EQ(*o.faults, "dir=rx => drop");
   EXPECT_EQ(o.pcap, "/tmp/x.%p.pcap");
+  setenv("SOFTRNIC_STATS_AT_EXIT", "/tmp/s.%p", 1);
+  EXPECT_EQ(ServicesOptions::from_env(&o), "");
+  EXPECT_EQ(o.stats_at_exit, "/tmp/s.%p");
+  unsetenv("SOFTRNIC_STATS_AT_EXIT");
   setenv("SOFTRNIC_PCAP", "", 1);
   EXPECT_NE(ServicesOptions::from_env(&o).find("SOFTRNIC_PCAP"), std::string::npos);
   unsetenv("SOFTRNIC_CONTROL");
@@ -215,6 +219,49 @@ TEST_F(ServicesTest, NoRulesNoCaptureLeavesPortUnfiltered) {
   EXPECT_FALSE(svc_->filter_installed());
   EXPECT_EQ(write(8192), WcStatus::kSuccess);
   EXPECT_EQ(svc_->faults().counters().packets, 0u);  // the filter saw nothing
+}
+
+// SOFTRNIC_STATS_AT_EXIT: closing the device writes the final counters, the same lines as
+// `stats`, to the pattern's file ("%p" -> pid), 0600, with no temporary left behind.
+TEST_F(ServicesTest, StatsAtExitWritesFinalCountersAtClose) {
+  ServicesOptions o = opts();
+  o.stats_at_exit = dir_ + "/final.%p";
+  make(o);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(write(8192, i + 1), WcStatus::kSuccess);
+  ControlReply live = request("stats");
+  uint64_t tx = stat(live, "port_tx_packets");
+  ASSERT_GT(tx, 0u);
+  std::string path = dir_ + "/final." + std::to_string(getpid());
+  struct stat st {};
+  ASSERT_NE(::stat(path.c_str(), &st), 0) << "written before close";
+  svc_.reset();
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_NE(::stat((path + ".tmp").c_str(), &st), 0);
+  ControlReply final_rep;
+  FILE* f = std::fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    std::string l(line);
+    if (!l.empty() && l.back() == '\n') l.pop_back();
+    final_rep.lines.push_back(l);
+  }
+  std::fclose(f);
+  EXPECT_EQ(final_rep.lines.size(), live.lines.size());
+  EXPECT_EQ(stat(final_rep, "port_tx_packets"), tx);  // nothing sent after the last write
+  EXPECT_GT(stat(final_rep, "sent_pkts"), 0u);
+}
+
+// An unwritable SOFTRNIC_STATS_AT_EXIT costs a log line at close, never the device.
+TEST_F(ServicesTest, StatsAtExitUnwritableIsNotFatal) {
+  ServicesOptions o = opts();
+  o.stats_at_exit = dir_ + "/no/such/dir/final";
+  make(o);
+  EXPECT_EQ(write(4096), WcStatus::kSuccess);
+  svc_.reset();
+  struct stat st {};
+  EXPECT_NE(::stat((dir_ + "/no").c_str(), &st), 0);
 }
 
 TEST_F(ServicesTest, PcapFromStartCapturesBothDirectionsWithGoodIcrc) {
