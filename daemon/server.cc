@@ -32,20 +32,19 @@ uint64_t tag(uint64_t kind, uint64_t dev = 0, uint64_t slot = 0, uint64_t fd = 0
   return kind << 56 | dev << 48 | slot << 32 | (fd & 0xffffffffu);
 }
 
-uint64_t now_ms() {
+uint64_t ms_on(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(clock, &ts);
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
+uint64_t now_ms() { return ms_on(CLOCK_REALTIME); }  // wall clock, for people (since_ms)
 
 // The CM agent's cm::kRelistenWindowMs (emu/cm/agent.h; the daemon's layer does not include
 // emu/cm): a REQ for a service whose listen ended this recently goes to that listener's slot.
 constexpr uint64_t kRelistenWindowMs = 1000;
-
-uint64_t steady_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+// True while a listen that ended at `ended_ms` (CLOCK_MONOTONIC) may still come back.
+bool within_relisten_window(uint64_t ended_ms, uint64_t now = ms_on(CLOCK_MONOTONIC)) {
+  return now - ended_ms <= kRelistenWindowMs;
 }
 
 }  // namespace
@@ -520,9 +519,9 @@ void Server::handle(Client& c, const uint8_t* buf, size_t len, bool* close_it) {
         auto it = d.services.find(m.service_id);
         if (it != d.services.end() && it->second == c.slot) {
           d.services.erase(it);
-          const uint64_t now = steady_ms();
+          const uint64_t now = ms_on(CLOCK_MONOTONIC);
           std::erase_if(d.unlistened, [&](const auto& kv) {
-            return now - kv.second.second > kRelistenWindowMs;
+            return !within_relisten_window(kv.second.second, now);
           });
           d.unlistened[m.service_id] = {c.slot, now};
         }
@@ -618,7 +617,7 @@ int Server::route_cm(const Device& d, const uint8_t* p, size_t len) const {
       if (it != d.services.end()) return it->second;
       // A listen that ended just now: its process may listen again (agent.h, Passive).
       auto u = d.unlistened.find(sid);
-      if (u != d.unlistened.end() && steady_ms() - u->second.second <= kRelistenWindowMs &&
+      if (u != d.unlistened.end() && within_relisten_window(u->second.second) &&
           d.slots[u->second.first].client >= 0)
         return u->second.first;
       return first_client();

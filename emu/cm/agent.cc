@@ -137,6 +137,8 @@ struct RxMad {
   Buf b{};
   size_t len = 0;
   wire::Endpoint src;
+  bool replayed = false;  // came back from held_: already counted in mads_received
+  bool expired = false;   // its hold window passed: answer it, never hold it again
 };
 
 class AgentImpl final : public Agent, public emu::GsiHandler {
@@ -208,6 +210,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
         ++it;
         continue;
       }
+      it->m.replayed = true;
       rxq_.insert(rxq_.begin() + static_cast<std::ptrdiff_t>(n++), it->m);
       it = held_.erase(it);
     }
@@ -718,10 +721,8 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     while (!held_.empty() && held_.front().deadline <= now) {
       RxMad m = held_.front().m;
       held_.pop_front();
-      no_hold_ = true;
-      --ctr_.mads_received;  // counted when it first arrived
+      m.replayed = m.expired = true;
       handle_locked(m);
-      no_hold_ = false;
     }
     std::vector<uint32_t> gone;
     for (auto& [id, c] : conns_) {
@@ -759,10 +760,10 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   // within kRelistenWindowMs of that service's listen ending: the listener may be coming back.
   // key names the request (REQ: remote CA GUID ^ comm ID; SIDR: request ID): a retransmission
   // of a held request is dropped (it stays held once).
-  bool hold_locked(uint64_t service_id, uint64_t key) {
-    if (no_hold_ || cur_ == nullptr) return false;
+  bool hold_locked(const RxMad& m, uint64_t service_id, uint64_t key) {
+    if (m.expired) return false;
     for (const Held& x : held_) {
-      if (x.key == key && x.service_id == service_id && x.m.src.same_ip(cur_->src)) {
+      if (x.key == key && x.service_id == service_id && x.m.src.same_ip(m.src)) {
         ++ctr_.dropped_duplicate;
         return true;
       }
@@ -776,19 +777,13 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
       unlistened_.erase(u);
       return false;
     }
-    held_.push_back(Held{*cur_, service_id, key, now + window});  // deadlines stay in order
+    held_.push_back(Held{m, service_id, key, now + window});  // deadlines stay in order
     ++ctr_.reqs_held;
     cv_.notify_one();
     return true;
   }
 
   void handle_locked(const RxMad& m) {
-    cur_ = &m;
-    handle_one_locked(m);
-    cur_ = nullptr;
-  }
-
-  void handle_one_locked(const RxMad& m) {
     mad::Header h;
     mad::Verdict v = mad::parse_header(std::span<const uint8_t>(m.b.data(), m.len), &h);
     if (v == mad::Verdict::kUnsupported) {
@@ -810,14 +805,14 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
       return e;
     }();
     switch (h.attr_id) {
-      case mad::kAttrReq: { mad::Req x; if (ok(mad::decode(b, &x), m)) on_req(h, x, from, m.src); break; }
+      case mad::kAttrReq: { mad::Req x; if (ok(mad::decode(b, &x), m)) on_req(h, x, from, m); break; }
       case mad::kAttrMra: { mad::Mra x; if (ok(mad::decode(b, &x), m)) on_mra(x); break; }
       case mad::kAttrRej: { mad::Rej x; if (ok(mad::decode(b, &x), m)) on_rej(x); break; }
       case mad::kAttrRep: { mad::Rep x; if (ok(mad::decode(b, &x), m)) on_rep(x, m.src); break; }
       case mad::kAttrRtu: { mad::Rtu x; if (ok(mad::decode(b, &x), m)) on_rtu(x); break; }
       case mad::kAttrDreq: { mad::Dreq x; if (ok(mad::decode(b, &x), m)) on_dreq(h, x, from); break; }
       case mad::kAttrDrep: { mad::Drep x; if (ok(mad::decode(b, &x), m)) on_drep(x); break; }
-      case mad::kAttrSidrReq: { mad::SidrReq x; if (ok(mad::decode(b, &x), m)) on_sidr_req(h, x, from, m.src); break; }
+      case mad::kAttrSidrReq: { mad::SidrReq x; if (ok(mad::decode(b, &x), m)) on_sidr_req(h, x, from, m); break; }
       case mad::kAttrSidrRep: { mad::SidrRep x; if (ok(mad::decode(b, &x), m)) on_sidr_rep(x); break; }
       default: ++ctr_.dropped_malformed; break;
     }
@@ -825,7 +820,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
 
   bool ok(mad::Verdict v, const RxMad& m) {
     if (v == mad::Verdict::kOk) {
-      ++ctr_.mads_received;
+      if (!m.replayed) ++ctr_.mads_received;
       return true;
     }
     ++ctr_.dropped_malformed;
@@ -844,8 +839,10 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     ev.src_port = src.port;
   }
 
+  // m: the MAD as received (its source address; hold_locked keeps it).
   void on_req(const mad::Header& h, const mad::Req& r, const wire::Endpoint& from,
-              const wire::Endpoint& src) {
+              const RxMad& m) {
+    const wire::Endpoint& src = m.src;
     // Duplicate: same (remote CA GUID, remote comm ID).
     for (auto& [id, c] : conns_) {
       if (!c.passive || c.remote_guid != r.local_ca_guid || c.remote_id != r.local_comm_id ||
@@ -886,7 +883,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     }
     auto l = listeners_.find(r.service_id);
     if (l == listeners_.end()) {
-      if (hold_locked(r.service_id, r.local_ca_guid ^ r.local_comm_id)) return;
+      if (hold_locked(m, r.service_id, r.local_ca_guid ^ r.local_comm_id)) return;
       send_stateless_rej(h.tid, from, r.local_comm_id, kRejInvalidServiceId);
       return;
     }
@@ -1136,7 +1133,8 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   }
 
   void on_sidr_req(const mad::Header& h, const mad::SidrReq& r, const wire::Endpoint& from,
-                   const wire::Endpoint& src) {
+                    const RxMad& m) {
+    const wire::Endpoint& src = m.src;
     for (auto& [id, c] : conns_) {
       if (c.st == St::kSidrReqRcvd && c.remote_id == r.request_id && c.peer.same_ip(from)) {
         ++ctr_.dropped_duplicate;
@@ -1145,7 +1143,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     }
     auto l = listeners_.find(r.service_id);
     if (l == listeners_.end()) {
-      if (hold_locked(r.service_id, r.request_id)) return;
+      if (hold_locked(m, r.service_id, r.request_id)) return;
       SidrRepParams p;
       p.status = kSidrUnsupported;
       send_sidr_rep_locked(from, h.tid, r.request_id, r.service_id, p);
@@ -1213,8 +1211,6 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
   };
   std::map<uint64_t, uint64_t> unlistened_;  // service ID -> when its listen ended (steady ns)
   std::deque<Held> held_;
-  const RxMad* cur_ = nullptr;  // the MAD handle_locked is processing
-  bool no_hold_ = false;        // replaying an expired held REQ: answer it, never hold again
   uint32_t next_id_ = 1;
   AgentCounters ctr_;
   std::vector<std::pair<Sink, Event>> pending_;

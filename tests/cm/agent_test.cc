@@ -132,6 +132,9 @@ TEST_F(CmAgent, ReqBetweenListensIsHeldForTheNextListen) {
   EXPECT_EQ(rb1.count(EventType::kReqReceived), 0u);
   EXPECT_EQ(B.counters().rej_sent, 0u);
   EXPECT_EQ(B.counters().connections, 1u);
+  // The held REQ is one MAD received, not two; its retransmissions are duplicates.
+  const AgentCounters cb = B.counters();
+  EXPECT_EQ(cb.mads_received, 1 + cb.dropped_duplicate);
 }
 
 // Several held REQs are delivered in the order they arrived.
@@ -181,6 +184,8 @@ TEST_F(CmAgent, HeldReqWithoutRelistenGetsRej8AfterTheWindow) {
   EXPECT_GE(waited, std::chrono::milliseconds(kRelistenWindowMs));
   EXPECT_GE(B.counters().dropped_duplicate, 3u);  // ~5 REQ retries in the window
   EXPECT_EQ(B.counters().connections, 0u);
+  const AgentCounters cb = B.counters();
+  EXPECT_EQ(cb.mads_received, 1 + cb.dropped_duplicate);
 }
 
 TEST_F(CmAgent, ReqRetriesThenTimeout) {
