@@ -1,5 +1,7 @@
 // Event channels and events: rdma_create/destroy_event_channel, rdma_get_cm_event,
 // rdma_ack_cm_event, rdma_event_str, and the sync-mode wait (ucma_complete).
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -45,6 +47,10 @@ Event* queue_event(Id* id, rdma_cm_event_type type, int status, Channel* on) {
   return ev;
 }
 
+// The channel's eventfd (a semaphore) counts exactly the events in q: every push writes one
+// count, every removal reads one, all under g().mu, so the fd polls readable iff an event is
+// queued (a count left behind by a purged event would make poll() report one that
+// rdma_get_cm_event then blocks on) and a removal's read never blocks.
 void queue_push(Channel* ch, Event* ev) {
   ch->q.push_back(ev);
   uint64_t one = 1;
@@ -53,15 +59,21 @@ void queue_push(Channel* ch, Event* ev) {
 }
 
 namespace {
+void take_count(Channel* ch) {
+  uint64_t v = 0;
+  ssize_t r;
+  do {
+    r = read(ch->pub.fd, &v, sizeof v);
+  } while (r < 0 && errno == EINTR);
+}
+
 void purge_from(Channel* ch, Id* id, Channel* to) {
   auto& q = ch->q;
   for (auto it = q.begin(); it != q.end();) {
     if ((*it)->owner == id) {
+      take_count(ch);
       if (to != nullptr) {
-        to->q.push_back(*it);
-        uint64_t one = 1;
-        ssize_t w = write(to->pub.fd, &one, sizeof one);
-        (void)w;
+        queue_push(to, *it);
       } else {
         delete *it;
       }
@@ -82,17 +94,13 @@ void purge_events(Id* id, Channel* to) {
 
 namespace {
 
+// Takes the first event, or waits for one in poll() (outside the lock) unless the application
+// made the fd non-blocking (EAGAIN, as the kernel's rdma_cm file).
 int get_event(Channel* ch, rdma_cm_event** out) {
-  {
-    std::lock_guard<std::mutex> lk(g().mu);
-    if (ch->closed) return fail(EBADF);
-    ++ch->waiters;
-  }
+  std::unique_lock<std::mutex> lk(g().mu);
+  if (ch->closed) return fail(EBADF);
+  ++ch->waiters;
   for (;;) {
-    uint64_t v = 0;
-    ssize_t r = read(ch->pub.fd, &v, sizeof v);
-    const int err = errno;
-    std::unique_lock<std::mutex> lk(g().mu);
     if (ch->closed) {
       // Destroyed while this thread waited (rdma_destroy_event_channel closed the fd).
       if (--ch->waiters == 0) {
@@ -101,18 +109,30 @@ int get_event(Channel* ch, rdma_cm_event** out) {
       }
       return fail(EBADF);
     }
-    if (r < 0) {
-      if (err == EINTR) continue;
+    if (!ch->q.empty()) {
+      Event* ev = ch->q.front();
+      ch->q.pop_front();
+      take_count(ch);
+      ev->owner->reported++;
       --ch->waiters;
-      return fail(err);  // EAGAIN when the application made the fd non-blocking
+      *out = &ev->pub;
+      return 0;
     }
-    if (ch->q.empty()) continue;  // a purged event's spare count
-    Event* ev = ch->q.front();
-    ch->q.pop_front();
-    ev->owner->reported++;
-    --ch->waiters;
-    *out = &ev->pub;
-    return 0;
+    const int fl = fcntl(ch->pub.fd, F_GETFL);
+    if (fl >= 0 && (fl & O_NONBLOCK) != 0) {
+      --ch->waiters;
+      return fail(EAGAIN);
+    }
+    const int fd = ch->pub.fd;
+    lk.unlock();
+    pollfd p{fd, POLLIN, 0};
+    int r = poll(&p, 1, -1);
+    const int err = errno;
+    lk.lock();
+    if (!ch->closed && ((r < 0 && err != EINTR) || (r > 0 && (p.revents & POLLNVAL) != 0))) {
+      --ch->waiters;
+      return fail(r < 0 ? err : EBADF);  // the application closed the fd itself
+    }
   }
 }
 

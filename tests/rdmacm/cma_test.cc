@@ -485,14 +485,19 @@ TEST_F(Cma, DestroyDropsUnreportedEventsAndMigrateMovesThem) {
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(d), 2000), 0);
   rdma_event_channel* ch2 = rdma_create_event_channel();
   ASSERT_NE(ch2, nullptr);
+  ASSERT_TRUE(readable(ch_->fd, 1000));
   ASSERT_EQ(rdma_migrate_id(id, ch2), 0);
   EXPECT_EQ(id->channel, ch2);
+  // The fd counts what is queued: the moved event leaves nothing readable behind.
+  EXPECT_FALSE(readable(ch_->fd, 0)) << "the old channel still polls readable";
   rdma_cm_event* ev = next_event(ch2);
   ASSERT_NE(ev, nullptr) << "the queued ADDR_RESOLVED moved with the id";
   EXPECT_EQ(ev->event, RDMA_CM_EVENT_ADDR_RESOLVED);
   rdma_ack_cm_event(ev);
   ASSERT_EQ(rdma_resolve_route(id, 2000), 0);
+  ASSERT_TRUE(readable(ch2->fd, 1000));
   EXPECT_EQ(rdma_destroy_id(id), 0) << "an unreported event does not hold destroy";
+  EXPECT_FALSE(readable(ch2->fd, 0)) << "a dropped event left the fd readable";
   int fl = fcntl(ch2->fd, F_GETFL);
   fcntl(ch2->fd, F_SETFL, fl | O_NONBLOCK);
   EXPECT_EQ(rdma_get_cm_event(ch2, &ev), -1);
