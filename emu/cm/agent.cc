@@ -223,7 +223,7 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
       if (listeners_.erase(service_id) == 0) return -ENOENT;
       const uint64_t now = now_ns();
       std::erase_if(unlistened_, [&](const auto& kv) {
-        return now - kv.second > kRelistenWindowMs * 1000000ull;
+        return !within_relisten_window(kv.second, now);
       });
       unlistened_[service_id] = now;
     }
@@ -581,6 +581,11 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
             .count());
   }
+  static constexpr uint64_t kRelistenWindowNs = kRelistenWindowMs * 1000000ull;
+  // True while a listen that ended at ended_ns (now_ns clock) may still come back.
+  static bool within_relisten_window(uint64_t ended_ns, uint64_t now) {
+    return now - ended_ns <= kRelistenWindowNs;
+  }
 
   void arm_retry_locked(Conn& c, Msg msg, uint64_t wait_ms, int retries) {
     c.tm = Tm::kRetry;
@@ -772,12 +777,11 @@ class AgentImpl final : public Agent, public emu::GsiHandler {
     auto u = unlistened_.find(service_id);
     if (u == unlistened_.end()) return false;
     const uint64_t now = now_ns();
-    const uint64_t window = kRelistenWindowMs * 1000000ull;
-    if (now - u->second > window) {
+    if (!within_relisten_window(u->second, now)) {
       unlistened_.erase(u);
       return false;
     }
-    held_.push_back(Held{m, service_id, key, now + window});  // deadlines stay in order
+    held_.push_back(Held{m, service_id, key, now + kRelistenWindowNs});  // deadlines stay in order
     ++ctr_.reqs_held;
     cv_.notify_one();
     return true;
