@@ -107,6 +107,7 @@ struct Env {
   }
 };
 
+#ifndef __SANITIZE_ADDRESS__  // ASan's own handler reports better
 // A child that dies of a signal prints its stack (frames as library+offset, for addr2line)
 // before it dies of it again: CI saw one SIGSEGV in CreateQpTooManyWr once and never again.
 void on_fatal_signal(int sig) {
@@ -119,6 +120,7 @@ void on_fatal_signal(int sig) {
   signal(sig, SIG_DFL);
   raise(sig);
 }
+#endif
 
 // Runs `body` in a forked child with a fresh device; the child must exit 0 within 10 s.
 void in_child(const std::function<void(Env&)>& body) {
