@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -223,7 +224,100 @@ constexpr uint64_t sig_bit(int s) { return uint64_t{1} << (s - 1); }
 constexpr uint64_t kAsyncSignals =
     ~(sig_bit(SIGSEGV) | sig_bit(SIGBUS) | sig_bit(SIGILL) | sig_bit(SIGFPE) | sig_bit(SIGTRAP));
 
+// Runs fn(arg) with the stack pointer at top (16-byte aligned) and returns on the caller's
+// stack. The frame-pointer CFI keeps backtraces through it whole.
+extern "C" void softrnic_pin_call_on_stack(void* arg, void (*fn)(void*), void* top);
+#if defined(__x86_64__)
+#define SOFTRNIC_PIN_ALT_STACK 1
+asm(R"(
+  .text
+  .p2align 4
+  .globl softrnic_pin_call_on_stack
+  .hidden softrnic_pin_call_on_stack
+  .type softrnic_pin_call_on_stack, @function
+softrnic_pin_call_on_stack:
+  .cfi_startproc
+  pushq %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rbp, -16
+  movq %rsp, %rbp
+  .cfi_def_cfa_register %rbp
+  movq %rdx, %rsp
+  callq *%rsi
+  movq %rbp, %rsp
+  popq %rbp
+  .cfi_def_cfa %rsp, 8
+  retq
+  .cfi_endproc
+  .size softrnic_pin_call_on_stack, .-softrnic_pin_call_on_stack
+)");
+#elif defined(__aarch64__)
+#define SOFTRNIC_PIN_ALT_STACK 1
+asm(R"(
+  .text
+  .p2align 2
+  .globl softrnic_pin_call_on_stack
+  .hidden softrnic_pin_call_on_stack
+  .type softrnic_pin_call_on_stack, %function
+softrnic_pin_call_on_stack:
+  .cfi_startproc
+  stp x29, x30, [sp, #-16]!
+  .cfi_def_cfa_offset 16
+  .cfi_offset x29, -16
+  .cfi_offset x30, -8
+  mov x29, sp
+  .cfi_def_cfa_register x29
+  mov sp, x2
+  blr x1
+  mov sp, x29
+  .cfi_def_cfa sp, 16
+  ldp x29, x30, [sp], #16
+  .cfi_def_cfa_offset 0
+  .cfi_restore x29
+  .cfi_restore x30
+  ret
+  .cfi_endproc
+  .size softrnic_pin_call_on_stack, .-softrnic_pin_call_on_stack
+)");
+#else
+#define SOFTRNIC_PIN_ALT_STACK 0
+#endif
+
+std::atomic<uint32_t> g_test_waiter_pause_us{0}, g_test_freeze_hold_us{0};
+
+void sleep_us(uint32_t us) {
+  if (us == 0) return;
+  timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  syscall(SYS_nanosleep, &ts, nullptr);
+}
+
+// The registering thread's side of a hand-off: post f, wait until the mover is done.
+void post_and_wait(void* arg) {
+  const auto* f = static_cast<const std::function<void()>*>(arg);
+  std::unique_lock lk(g_mover->mu);
+  g_mover->done = false;
+  g_mover->job = f;
+  g_mover->cv.notify_all();
+  lk.unlock();
+  sleep_us(g_test_waiter_pause_us.load(std::memory_order_relaxed));  // tests: a slow waiter
+  lk.lock();
+  g_mover->cv.wait(lk, [] { return g_mover->done; });
+}
+
 // Runs f on the mover and waits for it. REQUIRES: g_mu held (one job at a time).
+//
+// The range being moved may hold this thread's own stack pages: a buffer on its stack whose
+// first page also holds the frames of this very call, or a registration spanning the stack.
+// The wait must then store nothing there: a store into a frozen page faults, and when the
+// signal frame itself cannot be pushed (the stack pointer is in the frozen pages) the kernel
+// kills the process with SIGSEGV. Waiting takes stores (calls, the condition variable's
+// locals, a thread preempted between unlocking and sleeping returning into the frozen frames),
+// so the wait runs on a stack of its own, allocated once: between posting the job and seeing
+// it done this thread stores only there and into its TLS (which run_move keeps away from: a
+// range near the TLS is still a mover job, and glibc's cancellation bookkeeping there faults
+// and is retried like any store). Asynchronous signals are blocked for the hand-off, so no
+// handler runs meanwhile. Where no stack switch is built (not x86-64 or arm64), the wait runs
+// on this stack, as before.
 void run_on_mover(const std::function<void()>& f) {
   if (g_mover == nullptr) {
     g_mover = new Mover();
@@ -244,11 +338,32 @@ void run_on_mover(const std::function<void()>& f) {
       }
     }).detach();
   }
-  std::unique_lock lk(g_mover->mu);
-  g_mover->done = false;
-  g_mover->job = &f;
-  g_mover->cv.notify_all();
-  g_mover->cv.wait(lk, [] { return g_mover->done; });
+  uint64_t block = kAsyncSignals, old = 0;
+  const bool masked = syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, &old, sizeof block) == 0;
+  void* arg = const_cast<std::function<void()>*>(&f);
+#if SOFTRNIC_PIN_ALT_STACK
+  // One stack for every hand-off (g_mu makes them one at a time), with a guard page below;
+  // kept across fork (a child's first hand-off uses the inherited copy).
+  static constexpr size_t kWaitStack = 256 << 10;
+  static uint64_t wait_stack = 0;
+  if (wait_stack == 0) {
+    void* s = sys_mmap(0, kWaitStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (s != MAP_FAILED) {
+      wait_stack = reinterpret_cast<uint64_t>(s);
+      sys_mprotect(wait_stack, page_size(), PROT_NONE);
+    }
+  }
+  if (wait_stack != 0) {
+    softrnic_pin_call_on_stack(arg, post_and_wait,
+                               reinterpret_cast<void*>(wait_stack + kWaitStack));
+  } else {
+    post_and_wait(arg);
+  }
+#else
+  post_and_wait(arg);
+#endif
+  if (masked) syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, sizeof old);
 }
 
 // Runs the move f of [lo, hi) (the pages it freezes) inline or on the mover, as above.
@@ -293,6 +408,7 @@ bool move_to_memfd(const Line& l, const Backing& b, uint64_t off) {
   const bool wr = (l.prot & PROT_WRITE) != 0;
   bool ok = !wr || sys_mprotect(l.lo, n, l.prot & ~PROT_WRITE);
   const bool frozen = ok;
+  sleep_us(g_test_freeze_hold_us.load(std::memory_order_relaxed));  // tests: a long freeze
   if (ok) ok = sys_pwrite_all(b.fd, l.lo, n, off);
   // One system call replaces the private pages by the memfd's: no access sees a hole.
   if (ok) ok = sys_mmap(l.lo, n, l.prot, MAP_SHARED | MAP_FIXED, b.fd, off) != MAP_FAILED;
@@ -396,6 +512,11 @@ PinMoveCounts pin_move_counts() {
 }
 
 void pin_force_mover_for_test(bool on) { g_force_mover.store(on, std::memory_order_relaxed); }
+
+void pin_delays_for_test(uint32_t waiter_pause_us, uint32_t freeze_hold_us) {
+  g_test_waiter_pause_us.store(waiter_pause_us, std::memory_order_relaxed);
+  g_test_freeze_hold_us.store(freeze_hold_us, std::memory_order_relaxed);
+}
 
 std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode) {
   if (len == 0) return nullptr;

@@ -31,7 +31,9 @@
 //     pages in place, so no access sees the range unmapped. The move runs on the registering
 //     (or deregistering) thread itself, with asynchronous signals blocked, unless the range is
 //     near that thread's stack or errno, which it stores into during the move: then on the
-//     mover, a persistent thread of ours (pin.cc run_move). Either makes its mapping changes
+//     mover, a persistent thread of ours (pin.cc run_move), while the registering thread
+//     waits on a stack of its own with asynchronous signals blocked (its stack pages may be
+//     the frozen ones; pin.cc run_on_mover). Either makes its mapping changes
 //     and the copy with raw system calls: a library hooking mmap/mremap (UCX's UCM) runs none
 //     of its code, which stores into the heap, inside the freeze. A system call writing into
 //     the range during the move (read(2) into a buffer being registered by another thread)
@@ -95,5 +97,8 @@ PinMoveCounts pin_move_counts();
 
 // Tests: make every move go to the mover thread (true), or choose as usual (false).
 void pin_force_mover_for_test(bool on);
+// Tests: the registering thread pauses this long between posting a mover job and waiting for
+// it, and every move to the memfd holds its freeze this long (0, 0: no delays).
+void pin_delays_for_test(uint32_t waiter_pause_us, uint32_t freeze_hold_us);
 
 }  // namespace rnic::emu

@@ -475,6 +475,40 @@ TEST(Pin, StackAndGlobalBuffers) {
   EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
 }
 
+// The registering thread's own waiting frames in the range the mover freezes: registering
+// pages of its stack that hold the frames below the caller (as an 8 KiB stack buffer whose first
+// page also holds the registration's call chain does). The registering thread pauses 5 ms
+// after posting the job and the mover holds the freeze 50 ms, so the waiter runs while the
+// pages are read-only. Waiting on those pages, its next call would store into them, and the
+// kernel, unable to push the fault's signal frame there, kills the process with SIGSEGV.
+[[gnu::noinline]] bool register_own_frames() {
+  volatile uint8_t pad[64 << 10];  // keeps the range below away from the TLS at the stack top
+  for (size_t i = 0; i < sizeof pad; i += 512) pad[i] = static_cast<uint8_t>(i >> 9);
+  const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
+  const uint64_t lo = (sp & ~(kPage - 1)) - 16 * kPage, hi = (sp & ~(kPage - 1)) + 2 * kPage;
+  const PinMoveCounts before = pin_move_counts();
+  pin_delays_for_test(5000, 50000);
+  auto r = pin_range(lo, hi - lo, PinMode::kShadow);
+  pin_delays_for_test(0, 0);
+  bool ok = r != nullptr && r->shadowed() &&
+            pin_move_counts().mover_moves - before.mover_moves == 1;
+  r.reset();  // the give-back is a mover job too
+  ok = ok && pin_move_counts().mover_moves - before.mover_moves == 2;
+  for (size_t i = 0; i < sizeof pad; i += 512) ok = ok && pad[i] == static_cast<uint8_t>(i >> 9);
+  return ok;
+}
+
+TEST(Pin, MoverHandOffWaitsOffTheFrozenStack) {
+  EXPECT_EXIT(
+      {
+        bool ok = false;
+        std::thread([&] { ok = register_own_frames(); }).join();
+        std::fflush(nullptr);
+        _exit(ok ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
 // A buffer in this thread's static TLS, next to its thread control block (the kernel updates
 // the rseq area there when the thread is preempted): moved by the mover, and a registration
 // far from the stack and the TLS by the registering thread itself.
