@@ -57,7 +57,7 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 // SOFTRNIC_SPIN_US default: the progress thread's busy-poll budget after traffic.
 inline constexpr uint32_t kDefaultSpinUs = 20;
 // SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off window (EngineConfig::busy_poll_ns).
-inline constexpr uint32_t kDefaultBusyPollUs = 10;
+inline constexpr uint32_t kDefaultBusyPollUs = 0;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {

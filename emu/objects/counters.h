@@ -69,6 +69,9 @@ enum class Ctr : uint8_t {
   kStashReplayed,       // stash_replayed (ours): stashed requests executed once the gap filled
   kStashFull,           // stash_full (ours): requests after a gap dropped, no stash room
   kCnpSent,             // cnp_sent (ours): CNPs sent for CE-marked requests (docs/congestion.md §3)
+  kSpinSkipped,         // spin_skipped (ours): the progress thread slept instead of spinning
+                        // (SOFTRNIC_SPIN_US) because runnable threads filled the CPUs; counted
+                        // once per check, at most every 10 ms (docs/progress.md)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

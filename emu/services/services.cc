@@ -98,9 +98,8 @@ std::unique_ptr<DeviceServices> DeviceServices::create(const std::shared_ptr<Dev
                                       const wire::Endpoint&, uint32_t q) {
     return self->resolve_qpn(d, q);
   });
-  // The engine drains what the fault engine holds or synthesizes (lock-free early out when
-  // nothing is pending). Set before the application's traffic starts.
-  s->engine_->set_fault_engine(s->faults_.get());
+  // The engine drains what the fault engine holds or synthesizes; update_filter_locked (below)
+  // hooks it on with the filter, before the application's traffic starts.
 
   {
     std::lock_guard lk(s->cfg_mu_);
@@ -214,6 +213,12 @@ void DeviceServices::update_filter_locked() {
   bool want = always_filter_ || capturing_.load(std::memory_order_acquire) ||
               !faults_->list().empty() || faults_->pending() != 0;
   if (want == installed_.load(std::memory_order_acquire)) return;
+  // The engine sees the fault engine only while the filter is wanted: an attached one turns
+  // off the engine's busy-poll hand-off and its receive spin (a held packet needs the
+  // progress thread's timed wake-up), which every device paid for when it was attached
+  // from create() with no rule (strace of ib_send_lat: one epoll_wait per packet, no
+  // hand-off). Detached only with nothing held (want includes pending()).
+  engine_->set_fault_engine(want ? faults_.get() : nullptr);
   // set_filter refuses a filter when the hook is compiled out (-Dfault_injection=false):
   // filter_installed() then says so.
   bool set = engine_->port().set_filter(want ? static_cast<wire::PacketFilter*>(this) : nullptr);

@@ -3,6 +3,7 @@
 #include "emu/transport/engine.h"
 #include "emu/transport/window.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/epoll.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/log.h"
@@ -159,6 +161,12 @@ Status Engine::init() {
   replay_qps_.reserve(kMaxDeferredAcks);
   replay_scan_.reserve(kMaxDeferredAcks);
   due_.reserve(64);
+  if (cfg_.spin_ns != 0) {
+    loadavg_fd_ = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ncpus_ = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  }
   return Status::ok();
 }
 
@@ -182,6 +190,7 @@ Engine::~Engine() {
   if (timer_fd_ >= 0) close(timer_fd_);
   if (event_fd_ >= 0) close(event_fd_);
   if (defer_fd_ >= 0) close(defer_fd_);
+  if (loadavg_fd_ >= 0) close(loadavg_fd_);
 }
 
 // ---------------------------------------------------------------- progress thread
@@ -244,7 +253,7 @@ void Engine::progress_loop() {
     }
     int got = rx ? poll_rx(256) : 0;
     if (timer) run_timers(wire::monotonic_ns());
-    if (got > 0 && cfg_.spin_ns != 0) spin_rx();
+    if (got > 0 && cfg_.spin_ns != 0 && spare_core(wire::monotonic_ns())) spin_rx();
   }
   watch_rx(true);
 }
@@ -252,8 +261,7 @@ void Engine::progress_loop() {
 // Polls the port until cfg_.spin_ns passed without a datagram (or a stop, or a fault engine
 // that needs the epoll loop's held-packet wake-ups). Timers that fall due meanwhile run here;
 // their timerfd still fires later and finds nothing due. The CPU is yielded between empty
-// polls, so on a machine with fewer cores than busy threads the spin costs the application
-// only the time it is not runnable.
+// polls.
 void Engine::spin_rx() {
   uint64_t last = wire::monotonic_ns();
   while (!stopping_.load(std::memory_order_acquire)) {
@@ -269,6 +277,35 @@ void Engine::spin_rx() {
     }
     if (armed_ns_.load(std::memory_order_acquire) <= now) run_timers(now);
   }
+}
+
+// A spin is only free on a core nobody else wants. Where threads outnumber cores it takes
+// one from the application: two ib_write_lat processes waiting on memory on 2 cores, with a
+// progress thread spinning after each packet, have one core left between them and each
+// runs a scheduler slice at a time (64 B typical 2,000 us, where progress threads asleep in
+// epoll give 30 us; docs/progress.md). Yielding does not help: the spinners yield to each
+// other. So the progress thread spins only while the machine's runnable threads (the 4th
+// field of /proc/loadavg, this thread included) fit in the CPUs this process may use,
+// looked at most every kSpareCoreCheckNs.
+bool Engine::spare_core(uint64_t now) {
+  if (now - spare_checked_ns_ < kSpareCoreCheckNs) return spare_core_;
+  spare_checked_ns_ = now;
+  spare_core_ = false;
+  if (loadavg_fd_ < 0) return false;
+  char buf[128];
+  const ssize_t n = pread(loadavg_fd_, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  // "0.20 0.18 0.12 1/80 11206": the running count is before the '/'.
+  const char* slash = std::strchr(buf, '/');
+  if (slash == nullptr) return false;
+  const char* p = slash;
+  while (p > buf && p[-1] >= '0' && p[-1] <= '9') --p;
+  if (p == slash) return false;
+  const long runnable = std::strtol(p, nullptr, 10);
+  spare_core_ = runnable <= ncpus_;
+  if (!spare_core_) ctr_.add(Ctr::kSpinSkipped);
+  return spare_core_;
 }
 
 void Engine::watch_rx(bool on) {

@@ -25,7 +25,8 @@
 //    interrupted by a progress-thread wake per packet. When no poll happened for
 //    busy_poll_ns the progress thread watches the socket again and drains it.
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
-//    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin).
+//    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin),
+//    if the machine's runnable threads leave a CPU spare (spare_core).
 //  * timers: per-QP deadlines in CompState. Whoever sets one calls arm_timer(qp, deadline),
 //    which queues the QP in a min-heap of (deadline, QP) unless an entry at or before that
 //    deadline is queued already (CompState::timer_queued_ns); one timerfd is armed at the
@@ -79,15 +80,16 @@ struct EngineConfig {
   // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
   // such poll (timers still run); an app that stops polling (ib_write_lat waits on memory)
   // has its packets received by the progress thread at most busy_poll_ns later. 0 = the
-  // progress thread always receives (the default here; the shim sets SOFTRNIC_BUSY_POLL_US,
-  // default 10 us). The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final
+  // progress thread always receives (the default here and in the shim, SOFTRNIC_BUSY_POLL_US:
+  // on 2 cores its timer re-checks cost more than the wake-ups it saves, docs/progress.md). The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final
   // ACK at teardown plus retry_cnt 7 retried forever, both fixed since (docs/progress.md).
   uint32_t busy_poll_ns = 0;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
   // spin_ns passed without a datagram, then sleeps in epoll again. It saves the epoll
   // wake-up (several us, more when the core runs a spinning application) on every packet
-  // of a ping-pong. 0 = always sleep (the shim sets SOFTRNIC_SPIN_US, default 20 us).
+  // of a ping-pong. Only while a core is spare (Engine::spare_core). 0 = always sleep (the
+  // shim sets SOFTRNIC_SPIN_US, default 20 us).
   uint32_t spin_ns = 0;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
@@ -191,6 +193,7 @@ class Engine final : public TransportHooks {
   // Optional fault engine whose held/injected packets must be drained after port I/O
   // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned; install before traffic starts.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
+  bool fault_engine_attached() const { return fault_.load(std::memory_order_acquire) != nullptr; }
 
   // ---- QP1 (GSI, emu/transport/gsi.h) ----
   // Registers the one handler of QP1's received MADs. EBUSY if one is set.
@@ -280,6 +283,8 @@ class Engine final : public TransportHooks {
   void watch_rx(bool on);
   void arm_defer(uint64_t deadline_ns);
   void spin_rx();
+  bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)
+  static constexpr uint64_t kSpareCoreCheckNs = 10'000'000;
 
   Device* dev_;  // the device owns the engine (Device::set_engine) and outlives it
   std::unique_ptr<wire::Port> port_;
@@ -324,6 +329,11 @@ class Engine final : public TransportHooks {
   int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
   std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set
+  // spare_core (progress thread only): /proc/loadavg, the CPUs we may use, the last answer.
+  int loadavg_fd_ = -1;
+  long ncpus_ = 1;
+  uint64_t spare_checked_ns_ = 0;
+  bool spare_core_ = false;
 
   // CQs with a moderation period running (weak: the device owns CQs); leaf lock.
   std::mutex cqs_mu_;

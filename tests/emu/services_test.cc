@@ -217,6 +217,9 @@ TEST_F(ServicesTest, FromEnvReadsAndValidatesVariables) {
 TEST_F(ServicesTest, NoRulesNoCaptureLeavesPortUnfiltered) {
   make(opts());
   EXPECT_FALSE(svc_->filter_installed());
+  // Nor is the fault engine attached to the engine: an attached one turns off the busy-poll
+  // hand-off and the progress thread's spin for every packet.
+  EXPECT_FALSE(a_.eng->fault_engine_attached());
   EXPECT_EQ(write(8192), WcStatus::kSuccess);
   EXPECT_EQ(svc_->faults().counters().packets, 0u);  // the filter saw nothing
 }
@@ -316,6 +319,7 @@ TEST_F(ServicesTest, FaultAddThroughControlSocketDropsAndRetransmits) {
   ControlReply r = request("fault add dir=tx op=RDMA_WRITE_* nth=3 => drop");
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(svc_->filter_installed());
+  EXPECT_TRUE(a_.eng->fault_engine_attached());
   r = request("fault list");
   ASSERT_TRUE(r.ok);
   ASSERT_EQ(r.lines.size(), 1u);
@@ -359,6 +363,7 @@ TEST_F(ServicesTest, FaultAddThroughControlSocketDropsAndRetransmits) {
   r = request("fault clear");
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_FALSE(svc_->filter_installed());
+  EXPECT_FALSE(a_.eng->fault_engine_attached());
   EXPECT_EQ(write(4096), WcStatus::kSuccess);
 }
 
