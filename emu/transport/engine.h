@@ -81,8 +81,9 @@ struct EngineConfig {
   // such poll (timers still run); an app that stops polling (ib_write_lat waits on memory)
   // has its packets received by the progress thread at most busy_poll_ns later. 0 = the
   // progress thread always receives (the default here and in the shim, SOFTRNIC_BUSY_POLL_US:
-  // on 2 cores its timer re-checks cost more than the wake-ups it saves, docs/progress.md). The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final
-  // ACK at teardown plus retry_cnt 7 retried forever, both fixed since (docs/progress.md).
+  // on 2 cores its timer re-checks cost more than the wake-ups it saves, docs/progress.md).
+  // The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final ACK at teardown
+  // plus retry_cnt 7 retried forever, both fixed since (docs/progress.md).
   uint32_t busy_poll_ns = 0;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
@@ -191,7 +192,10 @@ class Engine final : public TransportHooks {
   Counters& counters() { return ctr_; }
   StashPool& stash_pool() { return stash_; }
   // Optional fault engine whose held/injected packets must be drained after port I/O
-  // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned; install before traffic starts.
+  // (wire::HeldPacketSource; emu/fault/fault.h implements it). Not owned. It may come and go
+  // while traffic runs (DeviceServices attaches it only while a rule, a held packet or a
+  // capture wants it: attached, it turns off the busy-poll hand-off and the receive spin);
+  // detach it only when it holds no packet.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
   bool fault_engine_attached() const { return fault_.load(std::memory_order_acquire) != nullptr; }
 
