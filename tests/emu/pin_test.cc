@@ -338,7 +338,13 @@ TEST(Pin, WriteFreezeRetriesFaultsHandledLate) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t freezes = 0;
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+  // At least 500 ms and 1000 freezes (8 spinning writers on 2 CPUs can starve this thread: a
+  // fixed 500 ms saw 736), at most 20 s.
+  for (;;) {
+    const auto spent = std::chrono::steady_clock::now() - t0;
+    if ((spent >= std::chrono::milliseconds(500) && freezes > 1000) ||
+        spent >= std::chrono::seconds(20))
+      break;
     for (int pg = 0; pg < 2; ++pg) {
       const auto lo = reinterpret_cast<uint64_t>(pages + pg * kPage);
       ASSERT_TRUE(write_freeze_begin(lo, lo + kPage));
