@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -14,6 +16,7 @@
 #include <cstddef>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -200,11 +203,14 @@ constexpr uint64_t kStackBelow = 256 << 10, kStackAbove = 16 << 10;
 struct Mover {
   std::mutex mu;
   std::condition_variable cv;
-  const std::function<void()>* job = nullptr;
-  bool done = false;
+  const std::function<void()>* job = nullptr;  // under mu
+  pid_t waiter = 0;                            // the posting thread's id, under mu
+  std::atomic<uint32_t> state{0};              // futex word: kPosted, then kDone
 };
+constexpr uint32_t kPosted = 1, kDone = 2;
 Mover* g_mover = nullptr;  // leaked: it lives as long as the process
 std::atomic<uint64_t> g_moves_inline{0}, g_moves_mover{0};
+std::atomic<uint64_t> g_mover_unconfirmed{0};  // jobs started without seeing the waiter asleep
 std::atomic<bool> g_force_mover{false};
 
 void warm_up() {
@@ -223,10 +229,15 @@ void warm_up() {
 constexpr uint64_t sig_bit(int s) { return uint64_t{1} << (s - 1); }
 constexpr uint64_t kAsyncSignals =
     ~(sig_bit(SIGSEGV) | sig_bit(SIGBUS) | sig_bit(SIGILL) | sig_bit(SIGFPE) | sig_bit(SIGTRAP));
+// The mover's mask for good: not glibc's internal SIGCANCEL (32) and SIGSETXID (33), which
+// setuid() and friends send to every thread and wait for (blocked there, they would hang the
+// process once the mover exists), nor SIGSYS (a seccomp trap blocked is a kill).
+constexpr uint64_t kMoverSignals = kAsyncSignals & ~(sig_bit(32) | sig_bit(33) | sig_bit(SIGSYS));
 
 // Runs fn(arg) with the stack pointer at top (16-byte aligned) and returns on the caller's
 // stack. The frame-pointer CFI keeps backtraces through it whole.
-extern "C" void softrnic_pin_call_on_stack(void* arg, void (*fn)(void*), void* top);
+extern "C" void softrnic_pin_call_on_stack(void* arg, void (*fn)(void*) noexcept,
+                                           void* top) noexcept;
 #if defined(__x86_64__)
 #define SOFTRNIC_PIN_ALT_STACK 1
 asm(R"(
@@ -246,6 +257,7 @@ softrnic_pin_call_on_stack:
   callq *%rsi
   movq %rbp, %rsp
   popq %rbp
+  .cfi_restore %rbp
   .cfi_def_cfa %rsp, 8
   retq
   .cfi_endproc
@@ -291,53 +303,99 @@ void sleep_us(uint32_t us) {
   syscall(SYS_nanosleep, &ts, nullptr);
 }
 
-// The registering thread's side of a hand-off: post f, wait until the mover is done.
-void post_and_wait(void* arg) {
-  const auto* f = static_cast<const std::function<void()>*>(arg);
-  std::unique_lock lk(g_mover->mu);
-  g_mover->done = false;
-  g_mover->job = f;
-  g_mover->cv.notify_all();
-  lk.unlock();
+// The registering thread's side of a hand-off: post f, then sleep in the kernel until the mover
+// is done. Between the post and the mover's wake-up it runs only this function's code on the
+// wait stack and the raw futex wait, which stores nothing into its stack or thread control
+// block (syscall(2) sets errno only on a failure, which comes after kDone).
+void post_and_wait(void* arg) noexcept {
+  Mover* m = g_mover;
+  {
+    std::lock_guard lk(m->mu);
+    m->state.store(kPosted, std::memory_order_relaxed);
+    m->job = static_cast<const std::function<void()>*>(arg);
+    m->waiter = static_cast<pid_t>(syscall(SYS_gettid));
+    m->cv.notify_all();
+  }
   sleep_us(g_test_waiter_pause_us.load(std::memory_order_relaxed));  // tests: a slow waiter
-  lk.lock();
-  g_mover->cv.wait(lk, [] { return g_mover->done; });
+  while (m->state.load(std::memory_order_acquire) != kDone)
+    syscall(SYS_futex, &m->state, FUTEX_WAIT_PRIVATE, kPosted, nullptr, nullptr, 0);
+}
+
+// The mover's side: true once thread `tid` sleeps in the futex wait on `word`, read from
+// /proc/self/task/<tid>/syscall ("202 0x<word> ..." while it is blocked there). A thread
+// asleep in the kernel stores nothing into its stack, nor into its rseq area: the kernel
+// updates that on the thread's return to user space after a context switch, and a failed
+// update (the page frozen) is a SIGSEGV nobody can handle. The waiter returns only after
+// kDone. Gives up after 200 ms (false): /proc unreadable, or a waiter held by a debugger.
+bool wait_asleep(pid_t tid, const void* word) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/syscall", static_cast<int>(tid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const auto want = reinterpret_cast<uintptr_t>(word);
+  bool asleep = false;
+  timespec t0{};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    char buf[256];
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) break;
+    buf[n] = '\0';
+    char* end = nullptr;
+    const long nr = std::strtol(buf, &end, 10);
+    if (end != buf && nr == SYS_futex && std::strtoull(end, nullptr, 16) == want) {
+      asleep = true;
+      break;
+    }
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > 200000000L) break;
+    sched_yield();
+  }
+  ::close(fd);
+  return asleep;
 }
 
 // Runs f on the mover and waits for it. REQUIRES: g_mu held (one job at a time).
 //
-// The range being moved may hold this thread's own stack pages: a buffer on its stack whose
-// first page also holds the frames of this very call, or a registration spanning the stack.
-// The wait must then store nothing there: a store into a frozen page faults, and when the
-// signal frame itself cannot be pushed (the stack pointer is in the frozen pages) the kernel
-// kills the process with SIGSEGV. Waiting takes stores (calls, the condition variable's
-// locals, a thread preempted between unlocking and sleeping returning into the frozen frames),
-// so the wait runs on a stack of its own, allocated once: between posting the job and seeing
-// it done this thread stores only there and into its TLS (which run_move keeps away from: a
-// range near the TLS is still a mover job, and glibc's cancellation bookkeeping there faults
-// and is retried like any store). Asynchronous signals are blocked for the hand-off, so no
-// handler runs meanwhile. Where no stack switch is built (not x86-64 or arm64), the wait runs
-// on this stack, as before.
+// The range being moved may hold the registering thread's own stack pages (a buffer on its
+// stack whose first page also holds the frames of this very call, a registration spanning
+// the stack) or its thread control block and rseq area (a thread-local buffer). It must store
+// nothing there while they are frozen: a store faults, and when the kernel cannot push the
+// signal frame (the stack pointer is in the frozen pages) or cannot update the rseq area
+// (it does so whenever the thread returns to user space after a context switch), it kills
+// the process with SIGSEGV. So:
+//   - the mover starts the job only once the waiter sleeps in its futex wait (wait_asleep),
+//     and the waiter is woken only after the job: it runs no user code during the freeze;
+//   - the waiter posts and waits on a stack of its own, allocated once (x86-64 and arm64; the
+//     wait stays on this stack elsewhere), so even a wait_asleep that gave up leaves its
+//     stack frames out of the freeze;
+//   - asynchronous signals are blocked and cancellation disabled for the hand-off: no handler
+//     runs, and no cancellation unwinds out of a wait whose job is still running.
 void run_on_mover(const std::function<void()>& f) {
   if (g_mover == nullptr) {
     g_mover = new Mover();
     std::thread([m = g_mover] {
-      uint64_t block = kAsyncSignals;
+      uint64_t block = kMoverSignals;
       syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, nullptr, sizeof block);
       warm_up();
       std::unique_lock lk(m->mu);
       for (;;) {
         m->cv.wait(lk, [m] { return m->job != nullptr; });
         const std::function<void()>* j = m->job;
+        const pid_t waiter = m->waiter;
         m->job = nullptr;
         lk.unlock();
+        if (!wait_asleep(waiter, &m->state)) g_mover_unconfirmed.fetch_add(1);
         (*j)();
+        m->state.store(kDone, std::memory_order_release);
+        syscall(SYS_futex, &m->state, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
         lk.lock();
-        m->done = true;
-        m->cv.notify_all();
       }
     }).detach();
   }
+  int cancel = 0;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
   uint64_t block = kAsyncSignals, old = 0;
   const bool masked = syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, &old, sizeof block) == 0;
   void* arg = const_cast<std::function<void()>*>(&f);
@@ -364,6 +422,7 @@ void run_on_mover(const std::function<void()>& f) {
   post_and_wait(arg);
 #endif
   if (masked) syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, sizeof old);
+  pthread_setcancelstate(cancel, nullptr);
 }
 
 // Runs the move f of [lo, hi) (the pages it freezes) inline or on the mover, as above.
@@ -508,7 +567,8 @@ size_t pinned_pieces() {
 
 PinMoveCounts pin_move_counts() {
   return {g_moves_inline.load(std::memory_order_relaxed),
-          g_moves_mover.load(std::memory_order_relaxed)};
+          g_moves_mover.load(std::memory_order_relaxed),
+          g_mover_unconfirmed.load(std::memory_order_relaxed)};
 }
 
 void pin_force_mover_for_test(bool on) { g_force_mover.store(on, std::memory_order_relaxed); }

@@ -31,9 +31,10 @@
 //     pages in place, so no access sees the range unmapped. The move runs on the registering
 //     (or deregistering) thread itself, with asynchronous signals blocked, unless the range is
 //     near that thread's stack or errno, which it stores into during the move: then on the
-//     mover, a persistent thread of ours (pin.cc run_move), while the registering thread
-//     waits on a stack of its own with asynchronous signals blocked (its stack pages may be
-//     the frozen ones; pin.cc run_on_mover). Either makes its mapping changes
+//     mover, a persistent thread of ours (pin.cc run_move). The mover starts only once the
+//     registering thread sleeps in the kernel (its stack, thread control block or rseq area
+//     may be the frozen pages), and that thread posts and waits on a stack of its own with
+//     asynchronous signals blocked (pin.cc run_on_mover). Either makes its mapping changes
 //     and the copy with raw system calls: a library hooking mmap/mremap (UCX's UCM) runs none
 //     of its code, which stores into the heap, inside the freeze. A system call writing into
 //     the range during the move (read(2) into a buffer being registered by another thread)
@@ -92,6 +93,7 @@ size_t pinned_pieces();
 struct PinMoveCounts {
   uint64_t inline_moves = 0;
   uint64_t mover_moves = 0;
+  uint64_t mover_unconfirmed = 0;  // mover jobs started without seeing the waiter asleep
 };
 PinMoveCounts pin_move_counts();
 

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <chrono>
@@ -481,38 +482,86 @@ TEST(Pin, StackAndGlobalBuffers) {
   EXPECT_TRUE(dev->dereg_mr(mr).is_ok());
 }
 
-// The registering thread's own waiting frames in the range the mover freezes: registering
-// pages of its stack that hold the frames below the caller (as an 8 KiB stack buffer whose first
-// page also holds the registration's call chain does). The registering thread pauses 5 ms
-// after posting the job and the mover holds the freeze 50 ms, so the waiter runs while the
-// pages are read-only. Waiting on those pages, its next call would store into them, and the
-// kernel, unable to push the fault's signal frame there, kills the process with SIGSEGV.
-[[gnu::noinline]] bool register_own_frames() {
-  volatile uint8_t pad[64 << 10];  // keeps the range below away from the TLS at the stack top
-  for (size_t i = 0; i < sizeof pad; i += 512) pad[i] = static_cast<uint8_t>(i >> 9);
-  const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
-  const uint64_t lo = (sp & ~(kPage - 1)) - 16 * kPage, hi = (sp & ~(kPage - 1)) + 2 * kPage;
+// The registering thread's own frames, and its thread control block, in the range the mover
+// freezes (an 8 KiB stack buffer whose first page also holds the registration's call chain; a
+// thread-local buffer next to the TCB). Test delays make the race certain: the registering
+// thread pauses 5 ms between posting the job and going to sleep, and the mover holds each
+// freeze 50 ms. A freeze that began during the pause would kill the process with SIGSEGV: the
+// thread's next call stores into its frozen frames, where the kernel cannot push the fault's
+// signal frame; and on its return from the pause's sleep the kernel updates its rseq area in
+// the TCB, which fails on a frozen page. Each runs in a death-test child.
+struct FrozenWaiter {
+  uint64_t lo = 0, hi = 0;
+  bool shadowed = false;
+  uint64_t mover_moves = 0, unconfirmed = 0;
+};
+
+[[gnu::noinline]] FrozenWaiter register_and_release(uint64_t lo, uint64_t hi) {
+  FrozenWaiter w{lo, hi};
   const PinMoveCounts before = pin_move_counts();
   pin_delays_for_test(5000, 50000);
   auto r = pin_range(lo, hi - lo, PinMode::kShadow);
-  pin_delays_for_test(0, 0);
-  bool ok = r != nullptr && r->shadowed() &&
-            pin_move_counts().mover_moves - before.mover_moves == 1;
+  w.shadowed = r != nullptr && r->shadowed();
   r.reset();  // the give-back is a mover job too
-  ok = ok && pin_move_counts().mover_moves - before.mover_moves == 2;
-  for (size_t i = 0; i < sizeof pad; i += 512) ok = ok && pad[i] == static_cast<uint8_t>(i >> 9);
-  return ok;
+  pin_delays_for_test(0, 0);
+  w.mover_moves = pin_move_counts().mover_moves - before.mover_moves;
+  w.unconfirmed = pin_move_counts().mover_unconfirmed - before.mover_unconfirmed;
+  return w;
 }
 
-TEST(Pin, MoverHandOffWaitsOffTheFrozenStack) {
+// The pages from 8 below this frame to the one above it: every frame of the registration's
+// call chain (and of the old condition-variable wait) is in the range.
+[[gnu::noinline]] FrozenWaiter register_own_frames() {
+  const auto fp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
+  const uint64_t page = fp & ~(kPage - 1);
+  return register_and_release(page - 8 * kPage, page + kPage);
+}
+
+// The end of the mapping that holds address a (0: none), from /proc/self/maps.
+uint64_t mapping_end(uint64_t a) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uint64_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && a >= lo && a < hi) return hi;
+  }
+  return 0;
+}
+
+void expect_survives(FrozenWaiter (*scenario)()) {
   EXPECT_EXIT(
       {
-        bool ok = false;
-        std::thread([&] { ok = register_own_frames(); }).join();
+        FrozenWaiter w;
+        std::thread([&] { w = scenario(); }).join();
+        const bool ok = w.shadowed && w.mover_moves == 2 && w.unconfirmed == 0;
+        if (!ok)
+          std::fprintf(stderr, "range %#lx-%#lx shadowed %d mover_moves %lu unconfirmed %lu\n",
+                       w.lo, w.hi, w.shadowed, w.mover_moves, w.unconfirmed);
         std::fflush(nullptr);
         _exit(ok ? 0 : 1);
       },
       testing::ExitedWithCode(0), "");
+}
+
+TEST(Pin, MoverHandOffWaitsOffTheFrozenStack) {
+  expect_survives([] {
+    volatile uint8_t pad[64 << 10];  // keeps the frames below away from the TCB at the top
+    for (size_t i = 0; i < sizeof pad; i += 512) pad[i] = static_cast<uint8_t>(i >> 9);
+    FrozenWaiter w = register_own_frames();
+    for (size_t i = 0; i < sizeof pad; i += 512)
+      if (pad[i] != static_cast<uint8_t>(i >> 9)) w.shadowed = false;  // a byte not kept
+    const auto tp = reinterpret_cast<uint64_t>(__builtin_thread_pointer());
+    if (w.hi + 4 * kPage > tp) w.shadowed = false;  // the range reached the TCB: not this case
+    return w;
+  });
+}
+
+TEST(Pin, MoverHandOffKeepsTheWaitersTcbOutOfTheFreeze) {
+  expect_survives([] {
+    const auto tp = reinterpret_cast<uint64_t>(__builtin_thread_pointer());
+    const uint64_t page = tp & ~(kPage - 1), end = mapping_end(tp);
+    return register_and_release(page - 2 * kPage, std::min(page + 2 * kPage, end));
+  });
 }
 
 // A buffer in this thread's static TLS, next to its thread control block (the kernel updates

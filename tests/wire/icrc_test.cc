@@ -292,9 +292,9 @@ TEST(IcrcTest, SolveIpIdRejectsCorruption) {
   EXPECT_FALSE(icrc_solve_ip_id(v6, {roce.data(), n}).has_value());
 }
 
-// The affine shortcut (one pass, then O(1) per ID) must equal a full recomputation. Each
-// length comes twice, and 4124/4131 and 60/53 share a slot of the per-thread basis cache:
-// a cached basis is reused only for its own length.
+// The affine shortcut (one pass, then O(1) per ID) must equal a full recomputation. Lengths
+// come back after others (the per-thread basis cache hits), and 4124/4131 and 60/53 share a
+// slot of it: a cached basis is reused only for its own length.
 TEST(IcrcTest, IdDeltaEqualsRecomputation) {
   std::mt19937 rng(7);
   IpUdpMeta m = test_meta(false);
