@@ -109,7 +109,9 @@ struct Env {
 
 #ifndef __SANITIZE_ADDRESS__  // ASan's own handler reports better
 // A child that dies of a signal prints its stack (frames as library+offset, for addr2line)
-// before it dies of it again: CI saw one SIGSEGV in CreateQpTooManyWr once and never again.
+// before it dies of it again. CI saw SIGSEGV in CreateQpTooManyWr and DeallocPdWithQp: the
+// shadow-pin mover froze the page of Env::buf that held the waiting frames (fixed in pin.cc
+// run_on_mover; pin_test MoverHandOff*). A death the kernel forces this way runs no handler.
 void on_fatal_signal(int sig) {
   void* frames[64];
   const int n = backtrace(frames, 64);
