@@ -102,9 +102,11 @@ int get_event(Channel* ch, rdma_cm_event** out) {
   ++ch->waiters;
   for (;;) {
     if (ch->closed) {
-      // Destroyed while this thread waited (rdma_destroy_event_channel closed the fd).
+      // Destroyed while this thread waited (rdma_destroy_event_channel left the fd open for
+      // the waiters): the last one out closes it and frees the channel.
       if (--ch->waiters == 0) {
         lk.unlock();
+        close(ch->pub.fd);
         delete ch;
       }
       return fail(EBADF);
@@ -176,10 +178,12 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
     for (Event* e : c->q) delete e;
     c->q.clear();
     if (c->waiters > 0) {
-      // A thread is in rdma_get_cm_event on it: it stays blocked, as on the kernel's file,
-      // and frees the channel should its read return (get_event).
+      // A thread is in rdma_get_cm_event on it: it stays blocked, as a read of the kernel's
+      // file does after a close, and frees the channel should its poll ever return
+      // (get_event). The fd stays open until then: a waiter between dropping the lock and
+      // entering poll() would otherwise poll a closed fd (POLLNVAL, and rping's CM thread
+      // exits 255 on the EBADF) or a new file that reused its number.
       c->closed = true;
-      close(c->pub.fd);
       return;
     }
   }

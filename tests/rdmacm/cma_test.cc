@@ -4,6 +4,7 @@
 // migrate, the unsupported calls' errnos — and, through the device's CM agent, a connect to
 // a port nobody listens on (REJECTED, reason 8).
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
@@ -24,6 +25,19 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+// poll() as the library sees it: a thread that set g_stall_poll sleeps 300 ms before the real
+// poll, to hold it in the window between rdma_get_cm_event dropping its lock and entering
+// poll() (Cma.DestroyChannelWhileAThreadIsAboutToPoll). Every other call passes straight on.
+namespace {
+thread_local bool g_stall_poll = false;
+}
+extern "C" int poll(struct pollfd* fds, nfds_t n, int timeout) {
+  using PollFn = int (*)(struct pollfd*, nfds_t, int);
+  static PollFn real = reinterpret_cast<PollFn>(dlsym(RTLD_NEXT, "poll"));
+  if (g_stall_poll) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return real(fds, n, timeout);
+}
 
 namespace {
 
@@ -169,6 +183,28 @@ TEST_F(Cma, DestroyChannelWhileThreadsWaitInGetEvent) {
   EXPECT_EQ(done.load(), 0) << "a waiter returned after the destroy";
   EXPECT_EQ(ebadf.load(), 0);
   for (auto& t : waiters) t.detach();  // blocked until the process exits, as with rping
+}
+
+// The same, with the waiter caught between taking its place and entering poll() (the CI run
+// that failed: rping's CM thread polled the closed fd, got POLLNVAL, and exited 255 on the
+// EBADF). The destroy must leave the fd open for it, so it blocks like the others.
+TEST_F(Cma, DestroyChannelWhileAThreadIsAboutToPoll) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  static std::atomic<int> done{0}, ebadf{0};
+  std::thread waiter([ch] {
+    g_stall_poll = true;
+    rdma_cm_event* ev = nullptr;
+    int rc = rdma_get_cm_event(ch, &ev);
+    if (rc == -1 && errno == EBADF) ++ebadf;
+    ++done;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // inside the stalled poll()
+  rdma_destroy_event_channel(ch);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the real poll has begun
+  EXPECT_EQ(done.load(), 0) << "the waiter returned after the destroy";
+  EXPECT_EQ(ebadf.load(), 0);
+  waiter.detach();  // blocked until the process exits, as with rping
 }
 
 TEST_F(Cma, ResolveAddrAndRouteFillTheIdAsTheKernel) {
