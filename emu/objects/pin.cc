@@ -296,6 +296,7 @@ softrnic_pin_call_on_stack:
 #endif
 
 std::atomic<uint32_t> g_test_waiter_pause_us{0}, g_test_freeze_hold_us{0};
+std::atomic<bool> g_test_fail_mover_start{false};
 
 void sleep_us(uint32_t us) {
   if (us == 0) return;
@@ -372,27 +373,42 @@ bool wait_asleep(pid_t tid, const void* word) {
 //     stack frames out of the freeze;
 //   - asynchronous signals are blocked and cancellation disabled for the hand-off: no handler
 //     runs, and no cancellation unwinds out of a wait whose job is still running.
-void run_on_mover(const std::function<void()>& f) {
+void* mover_main(void* arg) {
+  auto* m = static_cast<Mover*>(arg);
+  uint64_t block = kMoverSignals;
+  syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, nullptr, sizeof block);
+  warm_up();
+  std::unique_lock lk(m->mu);
+  for (;;) {
+    m->cv.wait(lk, [m] { return m->job != nullptr; });
+    const std::function<void()>* j = m->job;
+    const pid_t waiter = m->waiter;
+    m->job = nullptr;
+    lk.unlock();
+    if (!wait_asleep(waiter, &m->state)) g_mover_unconfirmed.fetch_add(1);
+    (*j)();
+    m->state.store(kDone, std::memory_order_release);
+    syscall(SYS_futex, &m->state, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    lk.lock();
+  }
+  return nullptr;
+}
+
+// false: the mover thread could not be started (f did not run; a later call tries again).
+bool run_on_mover(const std::function<void()>& f) {
   if (g_mover == nullptr) {
-    g_mover = new Mover();
-    std::thread([m = g_mover] {
-      uint64_t block = kMoverSignals;
-      syscall(SYS_rt_sigprocmask, SIG_BLOCK, &block, nullptr, sizeof block);
-      warm_up();
-      std::unique_lock lk(m->mu);
-      for (;;) {
-        m->cv.wait(lk, [m] { return m->job != nullptr; });
-        const std::function<void()>* j = m->job;
-        const pid_t waiter = m->waiter;
-        m->job = nullptr;
-        lk.unlock();
-        if (!wait_asleep(waiter, &m->state)) g_mover_unconfirmed.fetch_add(1);
-        (*j)();
-        m->state.store(kDone, std::memory_order_release);
-        syscall(SYS_futex, &m->state, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
-        lk.lock();
-      }
-    }).detach();
+    // Published only once its thread runs: a mover without one would leave every hand-off
+    // waiting forever.
+    if (g_test_fail_mover_start.load(std::memory_order_relaxed)) return false;  // tests
+    auto* m = new (std::nothrow) Mover();
+    if (m == nullptr) return false;
+    pthread_t t;
+    if (pthread_create(&t, nullptr, mover_main, m) != 0) {
+      delete m;
+      return false;
+    }
+    pthread_detach(t);
+    g_mover = m;
   }
   int cancel = 0;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
@@ -423,11 +439,12 @@ void run_on_mover(const std::function<void()>& f) {
 #endif
   if (masked) syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, sizeof old);
   pthread_setcancelstate(cancel, nullptr);
+  return true;
 }
 
 // Runs the move f of [lo, hi) (the pages it freezes) inline or on the mover, as above.
-// REQUIRES: g_mu held.
-[[gnu::noinline]] void run_move(const std::function<void()>& f, uint64_t lo, uint64_t hi) {
+// false: f did not run (it needed the mover, which could not be started). REQUIRES: g_mu held.
+[[gnu::noinline]] bool run_move(const std::function<void()>& f, uint64_t lo, uint64_t hi) {
   const uint64_t ps = page_size();
   const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
   const bool near_stack = lo < sp + kStackAbove && hi > sp - kStackBelow;
@@ -445,9 +462,9 @@ void run_on_mover(const std::function<void()>& f) {
   tls_hi = (tls_hi & ~(ps - 1)) + 2 * ps;
   const bool near_tls = lo < tls_hi && hi > tls_lo;
   if (near_stack || near_tls || g_force_mover.load(std::memory_order_relaxed)) {
+    if (!run_on_mover(f)) return false;
     g_moves_mover.fetch_add(1, std::memory_order_relaxed);
-    run_on_mover(f);
-    return;
+    return true;
   }
   static std::once_flag warm;
   std::call_once(warm, warm_up);
@@ -457,6 +474,7 @@ void run_on_mover(const std::function<void()>& f) {
   f();
   if (masked) syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, sizeof old);
   g_moves_inline.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 // Copies [l.lo, l.hi) into b at `off` and maps the memfd over it (same protections) under a
@@ -516,8 +534,8 @@ void restore_locked(const Piece& p, bool freeze) {
   for (const Line& l : lines) {
     if (l.lo >= p.hi) break;
     if (!l.shared || l.ino != p.b->ino || l.off != p.off + (l.lo - p.lo)) continue;
-    if (freeze)
-      run_move([&] { move_to_private(l, p.b->fd, true); }, l.lo, l.hi);
+    if (freeze)  // no mover: the pages stay on the memfd, shared, which works but for fork
+      (void)run_move([&] { move_to_private(l, p.b->fd, true); }, l.lo, l.hi);
     else
       move_to_private(l, p.b->fd, false);
   }
@@ -572,6 +590,10 @@ PinMoveCounts pin_move_counts() {
 }
 
 void pin_force_mover_for_test(bool on) { g_force_mover.store(on, std::memory_order_relaxed); }
+
+void pin_fail_mover_start_for_test(bool on) {
+  g_test_fail_mover_start.store(on, std::memory_order_relaxed);
+}
 
 void pin_delays_for_test(uint32_t waiter_pause_us, uint32_t freeze_hold_us) {
   g_test_waiter_pause_us.store(waiter_pause_us, std::memory_order_relaxed);
@@ -652,7 +674,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
     } else if (shared_fd[i] >= 0) {
       ok = map_view(view, lo, l, shared_fd[i], l.off);
     } else {
-      run_move([&] { ok = move_to_memfd(l, *b, moved); }, l.lo, l.hi);
+      if (!run_move([&] { ok = move_to_memfd(l, *b, moved); }, l.lo, l.hi)) ok = false;
       if (ok) {
         g_pieces[l.lo] = Piece{b, l.lo, l.hi, moved, 1};
         r->pieces_.push_back(l.lo);

@@ -99,6 +99,8 @@ PinMoveCounts pin_move_counts();
 
 // Tests: make every move go to the mover thread (true), or choose as usual (false).
 void pin_force_mover_for_test(bool on);
+// Tests: starting the mover thread fails (as pthread_create would) while on.
+void pin_fail_mover_start_for_test(bool on);
 // Tests: the registering thread pauses this long between posting a mover job and waiting for
 // it, and every move to the memfd holds its freeze this long (0, 0: no delays).
 void pin_delays_for_test(uint32_t waiter_pause_us, uint32_t freeze_hold_us);

@@ -543,6 +543,42 @@ void expect_survives(FrozenWaiter (*scenario)()) {
       testing::ExitedWithCode(0), "");
 }
 
+// A mover thread that cannot be started (pthread_create failing: no memory, a thread limit)
+// fails that registration's move, which falls back to direct pages, and is not published: the
+// next hand-off starts it. A mover published without its thread left every later registration
+// of a stack or thread-local buffer waiting forever. In a death-test child, where no mover
+// exists yet.
+TEST(Pin, MoverThatCannotStartFailsTheMoveAndIsStartedLater) {
+  EXPECT_EXIT(
+      {
+        std::thread([] {
+          uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE,
+                                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+          p[1] = 7;
+          const auto a = reinterpret_cast<uint64_t>(p);
+          pin_force_mover_for_test(true);
+          pin_fail_mover_start_for_test(true);
+          const PinMoveCounts c0 = pin_move_counts();
+          auto r = pin_range(a, 2 * kPage, PinMode::kShadow);
+          const bool first_direct = r != nullptr && !r->shadowed();
+          r.reset();
+          const bool none_moved = pin_move_counts().mover_moves == c0.mover_moves;
+          pin_fail_mover_start_for_test(false);
+          r = pin_range(a, 2 * kPage, PinMode::kShadow);
+          const bool then_shadowed = r != nullptr && r->shadowed();
+          r.reset();
+          const uint64_t moved = pin_move_counts().mover_moves - c0.mover_moves;
+          pin_force_mover_for_test(false);
+          const bool kept = p[1] == 7;
+          std::fprintf(stderr, "first_direct %d none_moved %d then_shadowed %d moved %lu kept %d\n",
+                       first_direct, none_moved, then_shadowed, moved, kept);
+          std::fflush(nullptr);
+          _exit(first_direct && none_moved && then_shadowed && moved == 2 && kept ? 0 : 1);
+        }).join();
+      },
+      testing::ExitedWithCode(0), "");
+}
+
 TEST(Pin, MoverHandOffWaitsOffTheFrozenStack) {
   expect_survives([] {
     volatile uint8_t pad[64 << 10];  // keeps the frames below away from the TCB at the top
