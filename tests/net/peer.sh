@@ -73,6 +73,7 @@ run() {
   local ns="$1" ip="$2" name="$3" tmo="$4"; shift 4
   mkdir -p "$work/rt-$name" && chmod 0700 "$work/rt-$name"
   ip netns exec "$ns" env SOFTRNIC_IP="$ip" SOFTRNIC_RUNTIME_DIR="$work/rt-$name" \
+    SOFTRNIC_STATS_AT_EXIT="$work/final.rt-$name" \
     timeout -k 3 "$tmo" "$launch" -- "$@" >"$work/$name.out" 2>&1 &
   rpid=$!
   pids+=("$rpid")
@@ -117,10 +118,13 @@ else
   echo "FAIL capture: $out"; fail=1
 fi
 # Both sides (server devices on A, client devices on B) must have solved IDs, seen CE and CNPs,
-# and sent CNPs for the CE-marked requests they took (the pingpong sends both ways).
+# and sent CNPs for the CE-marked requests they took (the pingpong sends both ways). From the
+# final counters each device writes at close (a sampler can miss a short client).
 for side in server client; do
+  n=$(ls "$work"/final.rt-*."$side" 2>/dev/null | wc -l)
+  [ "$n" = 3 ] || { echo "FAIL $n final counter files of the $side side, want 3"; fail=1; }
   for c in icrc_id_solved ecn_ce_rcvd cnp_rcvd cnp_sent icrc_err; do
-    v=$(cat "$work"/stats.rt-*."$side" 2>/dev/null | awk -v n="$c" '$1 == n { s += $2 } END { print s + 0 }')
+    v=$(cat "$work"/final.rt-*."$side" 2>/dev/null | awk -v n="$c" '$1 == n { s += $2 } END { print s + 0 }')
     echo "     $side $c $v"
     if [ "$c" = icrc_err ]; then
       [ "$v" = 0 ] || { echo "FAIL $side $c = $v"; fail=1; }

@@ -34,6 +34,7 @@ command -v tshark >/dev/null || topo_skip "tshark is not installed (scripts/setu
 work="$(mktemp -d)"
 fail=0
 pids=()
+nprog=0
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
@@ -54,9 +55,11 @@ host_ns() { [ "$1" = 11 ] && echo 1 || echo "$1"; }
 # run_on HOST NAME TMO PROG ARGS...: the program on host HOST's device (background, pid in $rpid).
 run_on() {
   local h="$1" name="$2" tmo="$3"; shift 3
+  nprog=$((nprog + 1))
   mkdir -p "$work/rt$h-$name" && chmod 0700 "$work/rt$h-$name"
   topo_exec "$(host_ns "$h")" env SOFTRNIC_IP="$(host_ip "$h")" SOFTRNIC_GSO="$gso" \
     SOFTRNIC_RUNTIME_DIR="$work/rt$h-$name" SOFTRNIC_NAME=softrnic0 \
+    SOFTRNIC_STATS_AT_EXIT="$work/final.$h-$name" \
     timeout -k 3 "$tmo" "$launch" -- "$@" >"$work/$name.out" 2>&1 &
   rpid=$!
   pids+=("$rpid")
@@ -145,9 +148,20 @@ else
   echo "FAIL capture: $out"; fail=1
 fi
 
-# Counters (last sample of each device): totals of the ICRC kinds and retransmissions.
-tot() { cat "$work"/stats.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
-echo "counters (sampled): sent_pkts $(tot sent_pkts) retrans_pkts $(tot retrans_pkts)" \
+# Counters: totals over every device of the ICRC kinds and retransmissions, from the final
+# counters each device writes at close (SOFTRNIC_STATS_AT_EXIT). The sampler's last samples
+# (stats.*) can miss a short client entirely when softrnic-ctl is slow (an asan CI run saw
+# icrc_id_solved 0 that way), so they are only printed for comparison.
+tot() { cat "$work"/final.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
+sampled() { cat "$work"/stats.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
+nfinal=$(ls "$work"/final.* 2>/dev/null | wc -l)
+echo "devices' final counters: $nfinal files;" \
+     "sampled sent_pkts $(sampled sent_pkts) icrc_id_solved $(sampled icrc_id_solved)"
+if [ "$nfinal" -ne "$nprog" ]; then
+  echo "FAIL $nfinal final counter files (SOFTRNIC_STATS_AT_EXIT), want one per program: $nprog"
+  fail=1
+fi
+echo "counters (at exit): sent_pkts $(tot sent_pkts) retrans_pkts $(tot retrans_pkts)" \
      "icrc_id_zero $(tot icrc_id_zero) icrc_id_gro $(tot icrc_id_gro)" \
      "icrc_id_solved $(tot icrc_id_solved) icrc_err $(tot icrc_err)" \
      "retrans_probes $(tot retrans_probes) naks_rcvd $(tot naks_rcvd) seq_err $(tot seq_err)"
