@@ -124,7 +124,7 @@ for side in server client; do
   n=$(ls "$work"/final.rt-*."$side" 2>/dev/null | wc -l)
   [ "$n" = 3 ] || { echo "FAIL $n final counter files of the $side side, want 3"; fail=1; }
   for c in icrc_id_solved ecn_ce_rcvd cnp_rcvd cnp_sent icrc_err; do
-    v=$(cat "$work"/final.rt-*."$side" 2>/dev/null | awk -v n="$c" '$1 == n { s += $2 } END { print s + 0 }')
+    v=$(topo_counter_sum "$c" "$work"/final.rt-*."$side")
     echo "     $side $c $v"
     if [ "$c" = icrc_err ]; then
       [ "$v" = 0 ] || { echo "FAIL $side $c = $v"; fail=1; }

@@ -152,8 +152,8 @@ fi
 # counters each device writes at close (SOFTRNIC_STATS_AT_EXIT). The sampler's last samples
 # (stats.*) can miss a short client entirely when softrnic-ctl is slow (an asan CI run saw
 # icrc_id_solved 0 that way), so they are only printed for comparison.
-tot() { cat "$work"/final.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
-sampled() { cat "$work"/stats.* 2>/dev/null | awk -v n="$1" '$1 == n { s += $2 } END { print s + 0 }'; }
+tot() { topo_counter_sum "$1" "$work"/final.*; }
+sampled() { topo_counter_sum "$1" "$work"/stats.*; }
 nfinal=$(ls "$work"/final.* 2>/dev/null | wc -l)
 echo "devices' final counters: $nfinal files;" \
      "sampled sent_pkts $(sampled sent_pkts) icrc_id_solved $(sampled icrc_id_solved)"

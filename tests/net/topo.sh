@@ -14,6 +14,8 @@
 #   topo_sampler WORK 'GLOB' &        sample the counters of every device whose control socket
 #                                     matches WORK/GLOB (e.g. 'rt*/*.sock') into
 #                                     WORK/stats.<socket's directory>, until killed
+#   topo_counter_sum NAME FILE...     the sum of counter NAME over counter files ("name value"
+#                                     lines: softrnic-ctl stats, SOFTRNIC_STATS_AT_EXIT); 0 if none
 #   topo_down                         delete everything (installed as an EXIT trap by topo_up;
 #                                     a caller with its own EXIT trap calls topo_down from it)
 # Names carry the creating shell's pid ($$) so parallel runs cannot collide: namespaces
@@ -136,4 +138,9 @@ topo_sampler() {
     wait
     sleep 0.05
   done
+}
+
+topo_counter_sum() {
+  local n="$1"; shift
+  cat "$@" 2>/dev/null | awk -v n="$n" '$1 == n { s += $2 } END { print s + 0 }'
 }
