@@ -357,22 +357,7 @@ bool wait_asleep(pid_t tid, const void* word) {
   return asleep;
 }
 
-// Runs f on the mover and waits for it. REQUIRES: g_mu held (one job at a time).
-//
-// The range being moved may hold the registering thread's own stack pages (a buffer on its
-// stack whose first page also holds the frames of this very call, a registration spanning
-// the stack) or its thread control block and rseq area (a thread-local buffer). It must store
-// nothing there while they are frozen: a store faults, and when the kernel cannot push the
-// signal frame (the stack pointer is in the frozen pages) or cannot update the rseq area
-// (it does so whenever the thread returns to user space after a context switch), it kills
-// the process with SIGSEGV. So:
-//   - the mover starts the job only once the waiter sleeps in its futex wait (wait_asleep),
-//     and the waiter is woken only after the job: it runs no user code during the freeze;
-//   - the waiter posts and waits on a stack of its own, allocated once (x86-64 and arm64; the
-//     wait stays on this stack elsewhere), so even a wait_asleep that gave up leaves its
-//     stack frames out of the freeze;
-//   - asynchronous signals are blocked and cancellation disabled for the hand-off: no handler
-//     runs, and no cancellation unwinds out of a wait whose job is still running.
+// The mover thread: takes each posted job, starts it once its waiter sleeps, wakes it after.
 void* mover_main(void* arg) {
   auto* m = static_cast<Mover*>(arg);
   uint64_t block = kMoverSignals;
@@ -394,6 +379,22 @@ void* mover_main(void* arg) {
   return nullptr;
 }
 
+// Runs f on the mover and waits for it. REQUIRES: g_mu held (one job at a time).
+//
+// The range being moved may hold the registering thread's own stack pages (a buffer on its
+// stack whose first page also holds the frames of this very call, a registration spanning
+// the stack) or its thread control block and rseq area (a thread-local buffer). It must store
+// nothing there while they are frozen: a store faults, and when the kernel cannot push the
+// signal frame (the stack pointer is in the frozen pages) or cannot update the rseq area
+// (it does so whenever the thread returns to user space after a context switch), it kills
+// the process with SIGSEGV. So:
+//   - the mover starts the job only once the waiter sleeps in its futex wait (wait_asleep),
+//     and the waiter is woken only after the job: it runs no user code during the freeze;
+//   - the waiter posts and waits on a stack of its own, allocated once (x86-64 and arm64; the
+//     wait stays on this stack elsewhere), so even a wait_asleep that gave up leaves its
+//     stack frames out of the freeze;
+//   - asynchronous signals are blocked and cancellation disabled for the hand-off: no handler
+//     runs, and no cancellation unwinds out of a wait whose job is still running.
 // false: the mover thread could not be started (f did not run; a later call tries again).
 bool run_on_mover(const std::function<void()>& f) {
   if (g_mover == nullptr) {
