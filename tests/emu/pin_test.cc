@@ -552,9 +552,8 @@ TEST(Pin, MoverThatCannotStartFailsTheMoveAndIsStartedLater) {
   EXPECT_EXIT(
       {
         std::thread([] {
-          uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE,
-                                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-          p[1] = 7;
+          uint8_t* p = map_pages(2, 7);
+          if (p == nullptr) _exit(2);
           const auto a = reinterpret_cast<uint64_t>(p);
           pin_force_mover_for_test(true);
           pin_fail_mover_start_for_test(true);
