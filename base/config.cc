@@ -73,6 +73,15 @@ const VarDecl kVars[] = {
              "ib_read_lat 3x and 64 KiB bandwidth -40%, docs/progress.md)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
      .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_TX_DEFER", .type = VarType::kU32, .default_text = "`1`",
+     .values = "0..4096 (packets)",
+     .help = "doorbell batching: a post to an RC QP with at least this many packets "
+             "unacknowledged leaves its work requests for the next ACK, which sends all "
+             "queued ones in one batch (at most 64 wait; counter tx_deferred); on 2 cores "
+             "64 B ib_send_bw 5x, ib_write_bw 1.8x, latency unchanged (docs/progress.md; "
+             "0: every post sends at once)",
+     .reader = "shim", .empty_is_error = true, .min = 0, .max = 4096,
+     .store = [](Config* c, const VarValue& v) { c->tx_defer = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

@@ -58,6 +58,8 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 inline constexpr uint32_t kDefaultSpinUs = 20;
 // SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off window (EngineConfig::busy_poll_ns).
 inline constexpr uint32_t kDefaultBusyPollUs = 0;
+// SOFTRNIC_TX_DEFER default: packets in flight at which a post waits for the next ACK.
+inline constexpr uint32_t kDefaultTxDefer = 1;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
@@ -70,6 +72,7 @@ struct Config {
   Hosting hosting = Hosting::kAuto;          // SOFTRNIC_HOSTING (shim)
   uint32_t spin_us = kDefaultSpinUs;         // SOFTRNIC_SPIN_US (shim -> EngineConfig::spin_ns)
   uint32_t busy_poll_us = kDefaultBusyPollUs;  // SOFTRNIC_BUSY_POLL_US (shim -> busy_poll_ns)
+  uint32_t tx_defer = kDefaultTxDefer;       // SOFTRNIC_TX_DEFER (shim -> defer_inflight)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

@@ -16,7 +16,7 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "icrc_id_zero",       "icrc_id_gro",        "icrc_id_solved",     "cnp_rcvd",
     "ecn_ce_rcvd",        "retrans_bytes",      "window_cuts",        "retrans_probes",
     "mtu_exceeded",       "tm_bad_header",      "stash_stored",       "stash_replayed",
-    "stash_full",         "cnp_sent",           "spin_skipped",
+    "stash_full",         "cnp_sent",           "spin_skipped",       "tx_deferred",
 };
 }  // namespace
 

@@ -72,6 +72,8 @@ enum class Ctr : uint8_t {
   kSpinSkipped,         // spin_skipped (ours): the progress thread slept instead of spinning
                         // (SOFTRNIC_SPIN_US) because runnable threads filled the CPUs; counted
                         // once per check, at most every 10 ms (docs/progress.md)
+  kTxDeferred,          // tx_deferred (ours): posts whose WQEs were left for the requester run
+                        // of the next ACK (doorbell batching, SOFTRNIC_TX_DEFER)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

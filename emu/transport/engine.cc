@@ -615,7 +615,26 @@ uint64_t Engine::next_deadline_ns() {
 
 // ---------------------------------------------------------------- hooks
 
-void Engine::on_post_send(Qp& qp) { req_run(*this, qp); }
+// Doorbell batching (EngineConfig::defer_inflight): leave the posted WQEs for the requester
+// run that the next ACK or the retransmit timer makes (comp_on_packet, comp_on_timer). Only
+// while that run is certain: an RC or XRC QP in RTS with packets in flight and the timer armed.
+bool Engine::defer_post(Qp& qp) const {
+  if (cfg_.defer_inflight == 0 || !is_reliable(qp.type())) return false;
+  const ReqState& r = qp.req_;
+  const CompState& c = qp.comp_;
+  if (!r.ready || c.dead || r.rnr_wait || c.retrans_deadline_ns == 0) return false;
+  if (qp.state() != QpState::kRts) return false;
+  if (wire::psn_diff(r.psn, c.psn) < static_cast<int32_t>(cfg_.defer_inflight)) return false;
+  return qp.sq().size() - r.pos <= cfg_.defer_max;
+}
+
+void Engine::on_post_send(Qp& qp) {
+  if (defer_post(qp)) {
+    bump(qp.comp_.ctr, ctr_, Ctr::kTxDeferred);
+    return;
+  }
+  req_run(*this, qp);
+}
 
 void Engine::on_post_recv(Qp& qp) {
   // RNR recovery is driven by the requester's RNR timer (IBA 9.7.5.2.8); nothing to do.

@@ -92,6 +92,15 @@ struct EngineConfig {
   // of a ping-pong. Only while a core is spare (Engine::spare_core). 0 = always sleep (the
   // shim sets SOFTRNIC_SPIN_US, default 20 us).
   uint32_t spin_ns = 0;
+  // Doorbell batching (shim: SOFTRNIC_TX_DEFER). A post to an RC or XRC QP that has at least
+  // defer_inflight packets unacknowledged, with its retransmit timer armed, builds nothing:
+  // its WQEs wait in the SQ, and the requester runs when the next ACK (or that timer) is
+  // handled, sending everything posted since in one batch (one sendmmsg instead of one per
+  // post). An ACK is certain to come: every message's last packet asks for one. At most
+  // defer_max WQEs wait; the post that would exceed it runs the requester itself. 0 = off
+  // (every post sends at once; the default here, for tests that drive packets by hand).
+  uint32_t defer_inflight = 0;
+  uint32_t defer_max = 64;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -281,6 +290,7 @@ class Engine final : public TransportHooks {
   Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
   Status init();
   void progress_loop();
+  bool defer_post(Qp& qp) const;  // REQUIRES: qp's send lock
   int drain_locked(int budget);
   void drain_fault_rx_locked();
   void drain_fault_tx();

@@ -219,6 +219,21 @@ TEST(Config, BusyPollIsMicrosecondsUpToTenMilliseconds) {
   }
 }
 
+TEST(Config, TxDeferIsPacketsUpTo4096DefaultOne) {
+  EXPECT_EQ(Config{}.tx_defer, 1u);
+  for (const char* ok : {"0", "1", "16", "4096"}) {
+    Config c;
+    EXPECT_EQ(parse({{"SOFTRNIC_TX_DEFER", ok}}, &c), "") << ok;
+    EXPECT_EQ(c.tx_defer, std::stoul(ok));
+  }
+  for (const char* no : {"4097", "-1", "on", ""}) {
+    Config c;
+    EXPECT_NE(parse({{"SOFTRNIC_TX_DEFER", no}}, &c).find("SOFTRNIC_TX_DEFER"),
+              std::string::npos)
+        << no;
+  }
+}
+
 // Names are exact; keyword values fold case; free-form values keep it.
 TEST(Config, CaseFoldingRule) {
   Config c;

@@ -678,5 +678,136 @@ TEST_F(ReqTest, CompleterTraceNamesItsStates) {
   EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
 }
 
+// ---- doorbell batching (EngineConfig::defer_inflight, shim SOFTRNIC_TX_DEFER) ----
+
+EngineConfig defer_config(uint32_t inflight, uint32_t max = 64) {
+  EngineConfig ec;
+  ec.defer_inflight = inflight;
+  ec.defer_max = max;
+  return ec;
+}
+
+class DoorbellTest : public ReqPeerFixture {
+ protected:
+  DoorbellTest() : ReqPeerFixture(1 << 19, defer_config(1, 4)) {}
+  void expect_psns(const std::vector<Captured>& out, uint32_t first, size_t n) {
+    ASSERT_EQ(out.size(), n);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(out[i].psn(), first + i) << i;
+      EXPECT_TRUE(out[i].f.ack_req) << i;  // each is a whole message: each asks for an ACK
+    }
+  }
+  void expect_done(uint64_t first_id, size_t n, WcStatus st = WcStatus::kSuccess) {
+    auto c = drain_cq(*s.scq);
+    ASSERT_EQ(c.size(), n);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(c[i].wr_id, first_id + i);
+      EXPECT_EQ(c[i].status, st) << i;
+    }
+  }
+};
+
+// The first post finds nothing in flight and sends; the next ones wait in the SQ for the
+// ACK, whose requester run sends all of them in one batch.
+TEST_F(DoorbellTest, PostsBehindAnUnackedPacketLeaveWithTheNextAck) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 0, 64).is_ok());
+  expect_psns(sent(), kSpsn, 1);
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, i, 64).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 3u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kTxDeferred), 3u);
+  ack(kSpsn);
+  auto out = sent();
+  expect_psns(out, kSpsn + 1, 3);
+  EXPECT_EQ(out[0].opcode(), op::kRcRdmaWriteOnly);
+  EXPECT_EQ(0, std::memcmp(out[2].v.payload, buf.data(), 64));
+  expect_done(0, 1);
+  ack(kSpsn + 3);
+  expect_done(1, 3);
+}
+
+// No ACK comes: the retransmit timer's requester run takes over. The oldest packet goes
+// alone (window 1, as always after a timeout); the waiting post follows its ACK.
+TEST_F(DoorbellTest, WithoutAnAckTheRetransmitTimerRunsTheRequester) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 0, 64).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 64).is_ok());
+  expect_psns(sent(), kSpsn, 1);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 1u);
+  fire_timers();
+  expect_psns(sent(), kSpsn, 1);
+  ack(kSpsn);
+  expect_psns(sent(), kSpsn + 1, 1);
+  ack(kSpsn + 1);
+  expect_done(0, 2);
+}
+
+// At most defer_max (4 here) WQEs wait: the post that would make it 5 sends them all.
+TEST_F(DoorbellTest, AtMostDeferMaxWait) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 0, 64).is_ok());
+  expect_psns(sent(), kSpsn, 1);
+  for (uint64_t i = 1; i <= 4; ++i) ASSERT_TRUE(post_op(WrOpcode::kSend, i, 64).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 5, 64).is_ok());
+  expect_psns(sent(), kSpsn + 1, 5);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 4u);
+  ack(kSpsn + 5);
+  expect_done(0, 6);
+}
+
+// A QP with no retransmit timer (timeout 0: wait forever) has no run it can count on: every
+// post sends at once.
+TEST_F(DoorbellTest, NoDeferralWithoutARetransmitTimer) {
+  ConnOpts o;
+  o.timeout = 0;
+  setup(o);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(post_op(WrOpcode::kSend, i, 64).is_ok());
+  expect_psns(sent(), kSpsn, 3);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 0u);
+  ack(kSpsn + 2);
+  expect_done(0, 3);
+}
+
+// Waiting WQEs are still the SQ's: the QP's move to ERR flushes them, nothing is sent.
+TEST_F(DoorbellTest, WaitingPostsAreFlushedByError) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 0, 64).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 64).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 64).is_ok());
+  expect_psns(sent(), kSpsn, 1);
+  QpAttr a;
+  a.qp_state = QpState::kErr;
+  ASSERT_TRUE(s.dev->modify_qp(qp, a, kQpState).is_ok());
+  EXPECT_EQ(sent().size(), 0u);
+  expect_done(0, 3, WcStatus::kWrFlushErr);
+}
+
+// defer_inflight 2: one packet in flight is not enough, two are.
+class DoorbellAt2Test : public ReqPeerFixture {
+ protected:
+  DoorbellAt2Test() : ReqPeerFixture(1 << 19, defer_config(2)) {}
+};
+
+TEST_F(DoorbellAt2Test, WaitsOnlyWithThatManyPacketsInFlight) {
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 0, 64).is_ok());
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 1, 64).is_ok());  // 1 in flight: sent
+  EXPECT_EQ(sent().size(), 2u);
+  ASSERT_TRUE(post_op(WrOpcode::kSend, 2, 64).is_ok());  // 2 in flight: waits
+  EXPECT_EQ(sent().size(), 0u);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 1u);
+  ack(kSpsn);  // 1 left in flight; the ACK's requester run sends the waiting one
+  auto out = sent();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kSpsn + 2);
+  ack(kSpsn + 2);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 3u);
+}
+
+// Off (the engine's default): every post sends at once, whatever is in flight.
+TEST_F(ReqTest, NoDoorbellBatchingByDefault) {
+  EXPECT_EQ(s.eng->config().defer_inflight, 0u);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(post_op(WrOpcode::kSend, i, 64).is_ok());
+  EXPECT_EQ(sent().size(), 3u);
+  EXPECT_EQ(ctr(Ctr::kTxDeferred), 0u);
+}
+
 }  // namespace
 }  // namespace rnic::emu::test

@@ -56,12 +56,14 @@ struct Node {
   std::shared_ptr<Cq> scq, rcq;
 
   // Engine on a MemNetwork port (progress thread off unless asked).
+  // `base`: the rest of the engine's configuration (e.g. defer_inflight).
   static Node on_mem(wire::MemNetwork& net, const char* ip, bool thread = false,
-                     ErrorsMode errors = ErrorsMode::kSpec, uint32_t active_mtu = 0) {
+                     ErrorsMode errors = ErrorsMode::kSpec, uint32_t active_mtu = 0,
+                     const EngineConfig& base = EngineConfig{}) {
     Node n = make_dev(ip, errors, PinMode::kShadow, active_mtu);
     auto port = net.attach(*wire::Endpoint::parse(ip, wire::kRoceUdpPort));
     EXPECT_TRUE(port != nullptr);
-    EngineConfig ec;
+    EngineConfig ec = base;
     ec.progress_thread = thread;
     auto e = Engine::start_with_port(n.dev, std::move(port), ec);
     EXPECT_TRUE(e.has_value());

@@ -16,9 +16,10 @@ inline constexpr uint32_t kSpsn = 500;
 
 class ReqPeerFixture : public ::testing::Test {
  protected:
-  explicit ReqPeerFixture(size_t buf_bytes = 1 << 19) : buf(buf_bytes) {}
+  explicit ReqPeerFixture(size_t buf_bytes = 1 << 19, const EngineConfig& ec = EngineConfig{})
+      : s(Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, ec)), buf(buf_bytes) {}
   wire::MemNetwork net;
-  Node s = Node::on_mem(net, "127.0.0.3");
+  Node s;
   Peer p{net, "127.0.0.2", "127.0.0.3"};
   std::shared_ptr<Qp> qp;
   GuardedBuf buf;
