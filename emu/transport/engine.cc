@@ -259,12 +259,11 @@ void Engine::progress_loop() {
       // (ib_send_lat typical 26-35 us; 13 us with the yield, docs/progress.md). So yield
       // first; only a holder still busy after that is waited for.
       std::unique_lock lk(rx_mu_, std::try_to_lock);
-      if (lk.owns_lock()) {
-        got = drain_locked(256);
-      } else {
+      if (!lk.owns_lock()) {
         sched_yield();
-        got = poll_rx(256);
+        lk.lock();
       }
+      got = drain_locked(256);
     }
     if (timer) run_timers(wire::monotonic_ns());
     if (got > 0 && cfg_.spin_ns != 0 && spare_core(wire::monotonic_ns())) spin_rx();
