@@ -19,8 +19,10 @@ namespace {
 constexpr uint32_t kMtu = 1024;
 
 struct Pair {
-  Node a = Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"});
-  Node b = Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"});
+  explicit Pair(const EngineConfig& ec = EngineConfig{})
+      : a(Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"}, ec)),
+        b(Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"}, ec)) {}
+  Node a, b;
 };
 
 const char* type_name(QpType t) {
@@ -215,10 +217,11 @@ TEST(AtomicsTest, CasAndFaa) {
 // prints a rate. defer_inflight: doorbell batching (EngineConfig), with the progress threads
 // and the polling thread both running the requester.
 void small_sends_in_order(uint32_t defer_inflight) {
-  Node a = Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"}, 0,
-                                   0, defer_inflight);
-  Node b = Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"}, 0,
-                                   0, defer_inflight);
+  EngineConfig ec;
+  ec.defer_inflight = defer_inflight;
+  Pair p(ec);
+  Node& a = p.a;
+  Node& b = p.b;
   ASSERT_TRUE(a.eng && b.eng);
   auto qa = a.qp(QpType::kRc, nullptr, 1024);
   auto qb = b.qp(QpType::kRc, nullptr, 1024);
@@ -340,10 +343,12 @@ __attribute__((no_sanitize("thread"))) uint32_t peek_dma(const volatile uint32_t
 // CQ; then, with the peer's engine stopped, a's retransmit timer still fires (RETRY_EXC_ERR
 // after retry_cnt retries).
 void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns) {
-  Node a = Node::on_udp_first_free({"127.0.0.2", "127.0.0.12", "127.0.0.22", "127.0.0.32"},
-                                   spin_ns, busy_poll_ns);
-  Node b = Node::on_udp_first_free({"127.0.0.3", "127.0.0.13", "127.0.0.23", "127.0.0.33"},
-                                   spin_ns, busy_poll_ns);
+  EngineConfig ec;
+  ec.spin_ns = spin_ns;
+  ec.busy_poll_ns = busy_poll_ns;
+  Pair p(ec);
+  Node& a = p.a;
+  Node& b = p.b;
   ASSERT_TRUE(a.eng && b.eng);
   EXPECT_EQ(a.eng->config().spin_ns, spin_ns);
   EXPECT_EQ(a.eng->config().busy_poll_ns, busy_poll_ns);

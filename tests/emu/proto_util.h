@@ -84,14 +84,11 @@ struct Node {
   }
   // Engine on real UDP at the first of `ips` whose port 4791 is free (other test binaries
   // may hold some loopback addresses).
-  static Node on_udp_first_free(std::initializer_list<const char*> ips, uint32_t spin_ns = 0,
-                                uint32_t busy_poll_ns = 0, uint32_t defer_inflight = 0) {
+  // `ec`: the engine's configuration (its ip is ignored).
+  static Node on_udp_first_free(std::initializer_list<const char*> ips,
+                                const EngineConfig& ec = EngineConfig{}) {
     for (const char* ip : ips) {
       Node n = make_dev(ip, ErrorsMode::kSpec);
-      EngineConfig ec;
-      ec.spin_ns = spin_ns;
-      ec.busy_poll_ns = busy_poll_ns;
-      ec.defer_inflight = defer_inflight;
       auto e = Engine::start(n.dev, ec);
       if (!e) continue;
       n.eng = *e;
