@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <sstream>
 #include <string>
@@ -27,6 +28,21 @@ EnvLookup lookup(const Env& env) {
 }
 
 std::string parse(const Env& env, Config* c) { return parse_config(lookup(env), c); }
+
+// A numeric variable: each of `ok` parses and is stored in c.*field; each of `no` is refused
+// with an error that names the variable.
+void expect_u32_var(const char* name, uint32_t Config::*field,
+                    std::initializer_list<const char*> ok, std::initializer_list<const char*> no) {
+  for (const char* v : ok) {
+    Config c;
+    EXPECT_EQ(parse({{name, v}}, &c), "") << name << "=" << v;
+    EXPECT_EQ(c.*field, std::stoul(v)) << name << "=" << v;
+  }
+  for (const char* v : no) {
+    Config c;
+    EXPECT_NE(parse({{name, v}}, &c).find(name), std::string::npos) << name << "=" << v;
+  }
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
@@ -182,56 +198,24 @@ TEST(Config, ValuesLandInTheirFields) {
 }
 
 TEST(Config, MtuMustBeAPowerOfTwoInRange) {
-  for (const char* ok : {"256", "512", "1024", "2048", "4096"}) {
-    Config c;
-    EXPECT_EQ(parse({{"SOFTRNIC_MTU", ok}}, &c), "") << ok;
-  }
-  for (const char* no : {"1000", "128", "8192", "0x400", "+1024", " 1024", "1024k", ""}) {
-    Config c;
-    EXPECT_NE(parse({{"SOFTRNIC_MTU", no}}, &c).find("SOFTRNIC_MTU"), std::string::npos) << no;
-  }
+  expect_u32_var("SOFTRNIC_MTU", &Config::mtu, {"256", "512", "1024", "2048", "4096"},
+                 {"1000", "128", "8192", "0x400", "+1024", " 1024", "1024k", ""});
 }
 
 TEST(Config, SpinIsMicrosecondsUpToTenMilliseconds) {
-  for (const char* ok : {"0", "1", "200", "10000"}) {
-    Config c;
-    EXPECT_EQ(parse({{"SOFTRNIC_SPIN_US", ok}}, &c), "") << ok;
-    EXPECT_EQ(c.spin_us, std::stoul(ok));
-  }
-  for (const char* no : {"10001", "-1", "50us", ""}) {
-    Config c;
-    EXPECT_NE(parse({{"SOFTRNIC_SPIN_US", no}}, &c).find("SOFTRNIC_SPIN_US"), std::string::npos)
-        << no;
-  }
+  expect_u32_var("SOFTRNIC_SPIN_US", &Config::spin_us, {"0", "1", "200", "10000"},
+                 {"10001", "-1", "50us", ""});
 }
 
 TEST(Config, BusyPollIsMicrosecondsUpToTenMilliseconds) {
-  for (const char* ok : {"0", "1", "10", "10000"}) {
-    Config c;
-    EXPECT_EQ(parse({{"SOFTRNIC_BUSY_POLL_US", ok}}, &c), "") << ok;
-    EXPECT_EQ(c.busy_poll_us, std::stoul(ok));
-  }
-  for (const char* no : {"10001", "-1", "20us", ""}) {
-    Config c;
-    EXPECT_NE(parse({{"SOFTRNIC_BUSY_POLL_US", no}}, &c).find("SOFTRNIC_BUSY_POLL_US"),
-              std::string::npos)
-        << no;
-  }
+  expect_u32_var("SOFTRNIC_BUSY_POLL_US", &Config::busy_poll_us, {"0", "1", "10", "10000"},
+                 {"10001", "-1", "20us", ""});
 }
 
 TEST(Config, TxDeferIsPacketsUpTo4096DefaultOne) {
   EXPECT_EQ(Config{}.tx_defer, 1u);
-  for (const char* ok : {"0", "1", "16", "4096"}) {
-    Config c;
-    EXPECT_EQ(parse({{"SOFTRNIC_TX_DEFER", ok}}, &c), "") << ok;
-    EXPECT_EQ(c.tx_defer, std::stoul(ok));
-  }
-  for (const char* no : {"4097", "-1", "on", ""}) {
-    Config c;
-    EXPECT_NE(parse({{"SOFTRNIC_TX_DEFER", no}}, &c).find("SOFTRNIC_TX_DEFER"),
-              std::string::npos)
-        << no;
-  }
+  expect_u32_var("SOFTRNIC_TX_DEFER", &Config::tx_defer, {"0", "1", "16", "4096"},
+                 {"4097", "-1", "on", ""});
 }
 
 // Names are exact; keyword values fold case; free-form values keep it.
