@@ -75,7 +75,7 @@ const VarDecl kVars[] = {
      .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_TX_DEFER", .type = VarType::kU32, .default_text = "`1`",
      .values = "0..4096 (packets)",
-     .help = "doorbell batching: a post to an RC QP with at least this many packets "
+     .help = "doorbell batching: a post to an RC or XRC QP with at least this many packets "
              "unacknowledged leaves its work requests for the next ACK, which sends all "
              "queued ones in one batch (at most 64 wait; counter tx_deferred); on 2 cores "
              "64 B ib_send_bw 5x, ib_write_bw 1.8x, latency unchanged (docs/progress.md; "
