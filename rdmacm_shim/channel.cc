@@ -94,22 +94,29 @@ void purge_events(Id* id, Channel* to) {
 
 namespace {
 
+// Destroyed channels kept, oldest first (rdma_destroy_event_channel). Guarded by g().mu.
+constexpr size_t kGraveyard = 64;
+std::deque<Channel*>& graveyard() {
+  static auto* yard = new std::deque<Channel*>();  // never destroyed: no exit-time order
+  return *yard;
+}
+
 // Takes the first event, or waits for one in poll() (outside the lock) unless the application
 // made the fd non-blocking (EAGAIN, as the kernel's rdma_cm file).
 int get_event(Channel* ch, rdma_cm_event** out) {
   std::unique_lock<std::mutex> lk(g().mu);
-  if (ch->closed) return fail(EBADF);
   ++ch->waiters;
   for (;;) {
     if (ch->closed) {
-      // Destroyed while this thread waited (rdma_destroy_event_channel left the fd open for
-      // the waiters): the last one out closes it and frees the channel.
-      if (--ch->waiters == 0) {
-        lk.unlock();
-        close(ch->pub.fd);
-        delete ch;
-      }
-      return fail(EBADF);
+      // Destroyed before or while this thread waited. A read of the kernel's rdma_cm file
+      // that another thread closed stays blocked for good (the read holds the file), and
+      // programs count on it: rping's CM thread goes back into rdma_get_cm_event right after
+      // acknowledging the DISCONNECTED event that lets main tear everything down, and exits
+      // 255 on any error from it. So this call never returns, whatever woke our poll (the
+      // fd closed by the destroy, or a new file with its number); `waiters` stays counted,
+      // so the channel is never freed under it.
+      lk.unlock();
+      for (;;) pause();
     }
     if (!ch->q.empty()) {
       Event* ev = ch->q.front();
@@ -173,22 +180,24 @@ RDMACM_EXPORT struct rdma_event_channel* rdma_create_event_channel(void) {
 RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel) {
   if (channel == nullptr) return;
   Channel* c = to_channel(channel);
-  {
-    std::lock_guard<std::mutex> lk(g().mu);
-    for (Event* e : c->q) delete e;
-    c->q.clear();
-    if (c->waiters > 0) {
-      // A thread is in rdma_get_cm_event on it: it stays blocked, as a read of the kernel's
-      // file does after a close, and frees the channel should its poll ever return
-      // (get_event). The fd stays open until then: a waiter between dropping the lock and
-      // entering poll() would otherwise poll a closed fd (POLLNVAL, and rping's CM thread
-      // exits 255 on the EBADF) or a new file that reused its number.
-      c->closed = true;
-      return;
-    }
-  }
+  std::lock_guard<std::mutex> lk(g().mu);
+  for (Event* e : c->q) delete e;
+  c->q.clear();
+  c->closed = true;
   close(c->pub.fd);
-  delete c;
+  // Threads in rdma_get_cm_event on it stay blocked, as in a read of the kernel's file
+  // after a close (get_event), and keep it. One without waiters is kept for a while too (the
+  // last kGraveyard destroyed): a call that comes just after the destroy (rping's race above)
+  // then finds it closed and blocks, as against the kernel it would most often have, instead
+  // of reading freed memory.
+  if (c->waiters > 0) return;
+  auto& yard = graveyard();
+  yard.push_back(c);
+  while (yard.size() > kGraveyard) {
+    Channel* old = yard.front();
+    yard.pop_front();
+    if (old->waiters == 0) delete old;  // else a blocked caller holds it for good
+  }
 }
 
 RDMACM_EXPORT int rdma_get_cm_event(struct rdma_event_channel* channel, struct rdma_cm_event** event) {

@@ -68,10 +68,10 @@ struct Channel {
   rdma_event_channel pub;
   std::deque<Event*> q;  // guarded by g().mu
   // rdma_destroy_event_channel while threads wait in rdma_get_cm_event (rping's CM thread
-  // does): as with the kernel's rdma_cm file, the waiters stay blocked in their poll (rping
-  // then exits from main). The channel is marked closed and neither freed nor its fd closed
-  // under them: should a poll ever return, that waiter fails with EBADF and the last one
-  // closes the fd and frees it. Guarded by g().mu. The fd's count equals q's size
+  // does), or just before one calls it: as with the kernel's rdma_cm file, those calls stay
+  // blocked for good (rping then exits from main). The destroy marks the channel closed and
+  // closes its fd; a channel with waiters is never freed, one without is freed only after 64
+  // later destroys (channel.cc). Guarded by g().mu. The fd's count equals q's size
   // (channel.cc queue_push).
   int waiters = 0;
   bool closed = false;

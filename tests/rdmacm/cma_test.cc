@@ -187,7 +187,7 @@ TEST_F(Cma, DestroyChannelWhileThreadsWaitInGetEvent) {
 
 // The same, with the waiter caught between taking its place and entering poll() (the CI run
 // that failed: rping's CM thread polled the closed fd, got POLLNVAL, and exited 255 on the
-// EBADF). The destroy must leave the fd open for it, so it blocks like the others.
+// EBADF). Whatever its poll returns on the fd the destroy closed, it blocks like the others.
 TEST_F(Cma, DestroyChannelWhileAThreadIsAboutToPoll) {
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(ch, nullptr);
@@ -205,6 +205,28 @@ TEST_F(Cma, DestroyChannelWhileAThreadIsAboutToPoll) {
   EXPECT_EQ(done.load(), 0) << "the waiter returned after the destroy";
   EXPECT_EQ(ebadf.load(), 0);
   waiter.detach();  // blocked until the process exits, as with rping
+}
+
+// rping's other window (net_rdmacm_ipv6, 2026-12-05: the server exited 255 with
+// "rdma_get_cm_event: Bad file descriptor" after its 50 pings): its CM thread acknowledges the
+// DISCONNECTED event, main wakes in rdma_destroy_id and destroys the channel, and only then
+// does the CM thread call rdma_get_cm_event again. It must block as the others (against the
+// kernel it would most often have been in its read already), not fail or read freed memory.
+TEST_F(Cma, GetEventJustAfterTheDestroyBlocks) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_destroy_event_channel(ch);
+  static std::atomic<int> done{0}, ebadf{0};
+  std::thread late([ch] {
+    rdma_cm_event* ev = nullptr;
+    int rc = rdma_get_cm_event(ch, &ev);
+    if (rc == -1 && errno == EBADF) ++ebadf;
+    ++done;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(done.load(), 0) << "rdma_get_cm_event returned on a destroyed channel";
+  EXPECT_EQ(ebadf.load(), 0);
+  late.detach();  // blocked until the process exits, as with rping
 }
 
 TEST_F(Cma, ResolveAddrAndRouteFillTheIdAsTheKernel) {
