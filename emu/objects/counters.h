@@ -74,6 +74,9 @@ enum class Ctr : uint8_t {
                         // once per check, at most every 10 ms (docs/progress.md)
   kTxDeferred,          // tx_deferred (ours): posts whose WQEs were left for the requester run
                         // of the next ACK (doorbell batching, SOFTRNIC_TX_DEFER)
+  kAckOnPost,           // ack_on_post (ours): owed ACKs sent by a post to the QP, in its
+                        // batch (SOFTRNIC_ACK_HOLD_US)
+  kAckHoldExpired,      // ack_hold_expired (ours): held ACKs no post took in time, sent alone
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -87,6 +87,14 @@ struct RespState {
   uint8_t ack_reqs = 0;          // AckReqs coalesced into the pending ACK beyond the first
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
+  // ACKs that ride posts (EngineConfig::ack_hold_ns): the application has been answering
+  // this QP's requests with posts of its own, so the owed ACK waits at the batch's end for
+  // the next post to carry it (Engine::take_ack), at most ack_hold_ns (then it goes alone and
+  // this is cleared). Set by a post that finds an ACK owed, or one sent less than
+  // ack_hold_ns before it (ack_sent_ns).
+  bool ack_hold = false;
+  bool ack_held = false;         // QP is in the engine's held-ACK list
+  uint64_t ack_sent_ns = 0;      // when the receive context last sent an owed ACK (hold on)
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY
   uint32_t mtu = 256;
   // Message in progress (a SEND or WRITE that has seen FIRST but not LAST).

@@ -56,6 +56,9 @@ int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
   return off;
 }
 
+// True on an engine's progress thread (set once there).
+thread_local bool t_progress_thread = false;
+
 TxBatch& tx_batch_for_thread() {
   thread_local TxBatch batch;
   return batch;
@@ -158,6 +161,7 @@ Status Engine::init() {
   rx_tx_ = std::make_unique<TxBatch>();
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
   ack_qps_.reserve(kMaxDeferredAcks);
+  held_acks_.reserve(kMaxDeferredAcks);
   replay_qps_.reserve(kMaxDeferredAcks);
   replay_scan_.reserve(kMaxDeferredAcks);
   due_.reserve(64);
@@ -198,6 +202,7 @@ Engine::~Engine() {
 void Engine::progress_loop() {
   // The busy-poll re-check is a short timer: do not let the default 50 us slack stretch it.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  t_progress_thread = true;
   epoll_event evs[5];
   while (!stopping_.load(std::memory_order_acquire)) {
     // Packets held by the fault layer need a wake-up of their own.
@@ -449,11 +454,42 @@ int Engine::drain_locked(int budget) {
 }
 
 void Engine::flush_acks_locked() {
+  // Held only where an application thread drains (poll_cq): it returns to its code at once
+  // and answers. The progress thread sends at once: its application may not have a core to
+  // answer on (2 cores, ib_write_lat: a quarter of the held ACKs timed out).
+  const bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
+  if (ack_qps_.empty() && held_acks_.empty()) return;
+  const uint64_t now = hold ? wire::monotonic_ns() : 0;
   for (auto& qp : ack_qps_) {
     std::lock_guard lk(qp->recv_mutex());
-    resp_flush_ack(*this, *qp);
+    if (!resp_flush_ack(*this, *qp, held_acks_.size() < kMaxDeferredAcks ? now : 0)) continue;
+    if (qp->resp_.ack_held) continue;  // listed, with the deadline of the first one held
+    qp->resp_.ack_held = true;
+    if (held_acks_.empty()) {
+      held_deadline_ns_.store(now + cfg_.ack_hold_ns, std::memory_order_release);
+      arm_timer(now + cfg_.ack_hold_ns);
+    }
+    held_acks_.push_back(qp);
   }
   ack_qps_.clear();
+  if (!held_acks_.empty() && (!hold || held_deadline_ns_.load(std::memory_order_relaxed) <= now))
+    release_held_acks_locked();
+}
+
+void Engine::release_held_acks_locked() {
+  for (auto& qp : held_acks_) {
+    std::lock_guard lk(qp->recv_mutex());
+    resp_release_ack(*this, *qp);
+  }
+  held_acks_.clear();
+  held_deadline_ns_.store(0, std::memory_order_release);
+}
+
+void Engine::release_held_acks() {
+  std::lock_guard lk(rx_mu_);
+  if (!rx_tx_) return;
+  release_held_acks_locked();
+  flush(*rx_tx_);
 }
 
 // One slice of every READ replay in progress; QPs with more to send stay listed.
@@ -539,6 +575,8 @@ void Engine::arm_timer(Qp& qp, uint64_t deadline_ns) {
 }
 
 void Engine::run_timers(uint64_t now_ns) {
+  const uint64_t held = held_deadline_ns_.load(std::memory_order_acquire);
+  if (held != 0 && held <= now_ns) release_held_acks();
   {
     // The due entries leave the heap; the timerfd is re-armed at the next one.
     std::lock_guard lk(timer_mu_);
@@ -641,12 +679,25 @@ bool Engine::defer_post(Qp& qp) const {
   return qp.sq().size() - r.pos <= cfg_.defer_max;
 }
 
+// The ACK qp's responder owes, into tx ahead of what the post sends (ack_hold_ns). Lock
+// order send -> receive. Waited for, not tried: a receive context that holds the lock for
+// this QP's next packet would leave a held ACK to its deadline.
+bool Engine::take_ack(Qp& qp, TxBatch& tx) {
+  if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return false;
+  std::lock_guard lk(qp.recv_mutex());
+  return resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns);
+}
+
 void Engine::on_post_send(Qp& qp) {
+  TxBatch& tx = tx_batch();
+  const bool ack = take_ack(qp, tx);
+  if (ack) bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
   if (defer_post(qp)) {
     bump(qp.comp_.ctr, ctr_, Ctr::kTxDeferred);
-    return;
+  } else {
+    req_run(*this, qp);  // its batch is tx: the ACK leaves first, with the requests
   }
-  req_run(*this, qp);
+  if (ack && tx.size() > 0) flush(tx);
 }
 
 void Engine::on_post_recv(Qp& qp) {
@@ -672,6 +723,8 @@ void reset_transport(Qp& qp) {
   s.nak_sent = s.rnr_gap = s.uc_drop = false;
   s.inorder_sport = 0;
   s.ack_pending = false;
+  s.ack_hold = false;  // `ack_held` stays, as `ack_listed`: the lists drop it
+  s.ack_sent_ns = 0;
   s.cur = RespState::kNone;
   s.have_wqe = false;
   s.recv_offset = 0;
@@ -803,6 +856,7 @@ void Engine::on_before_destroy(Qp& qp) {
   std::lock_guard lk(rx_mu_);
   if (!rx_tx_) return;
   flush_acks_locked();
+  release_held_acks_locked();
   flush(*rx_tx_);
 }
 

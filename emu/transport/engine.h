@@ -101,6 +101,15 @@ struct EngineConfig {
   // (every post sends at once; the default here, for tests that drive packets by hand).
   uint32_t defer_inflight = 0;
   uint32_t defer_max = 64;
+  // ACKs ride posts (shim: SOFTRNIC_ACK_HOLD_US). A post to an RC QP whose responder owes an
+  // ACK sends it first, in the same batch as its requests. And once a QP's application has
+  // answered that way (or posted less than this long after an ACK went alone), the receive
+  // context holds that QP's owed ACKs for the next post, at most this long; one that times
+  // out goes alone and ends the holding. So a ping-pong sends one sendmmsg per message, not
+  // two. The progress thread never holds (its application may have no core to answer on);
+  // run_timers sends a held ACK no post took (the progress thread's timerfd, or a test's
+  // hand). 0 = off (the default here, for tests that drive packets by hand).
+  uint64_t ack_hold_ns = 0;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -290,7 +299,8 @@ class Engine final : public TransportHooks {
   Engine(Device* dev, std::unique_ptr<wire::Port> port, const EngineConfig& cfg);
   Status init();
   void progress_loop();
-  bool defer_post(Qp& qp) const;  // REQUIRES: qp's send lock
+  bool defer_post(Qp& qp) const;      // REQUIRES: qp's send lock
+  bool take_ack(Qp& qp, TxBatch& tx);  // REQUIRES: qp's send lock
   int drain_locked(int budget);
   void drain_fault_rx_locked();
   void drain_fault_tx();
@@ -320,6 +330,12 @@ class Engine final : public TransportHooks {
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
   void flush_acks_locked();
+  // ACKs held for a post (EngineConfig::ack_hold_ns; rx_mu_), all released at one deadline:
+  // the first one's hold end (0: none held; read by run_timers without rx_mu_).
+  std::vector<std::shared_ptr<Qp>> held_acks_;  // capacity reserved once
+  std::atomic<uint64_t> held_deadline_ns_{0};
+  void release_held_acks_locked();
+  void release_held_acks();  // run_timers: takes rx_mu_
   std::vector<std::shared_ptr<Qp>> replay_qps_;  // QPs with a READ replay in progress
   std::vector<std::shared_ptr<Qp>> replay_scan_;
   void run_replays_locked();

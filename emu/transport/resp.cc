@@ -112,11 +112,12 @@ Cq* resp_cq(const Qp& qp) {
 
 // ---- output ----
 
-void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
-               uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
-               bool* mem_ok = nullptr) {
+// Into tx: the receive context's batch (e.rx_batch()), or for an ACK taken by a post
+// (resp_take_ack) the posting thread's.
+void queue_raw(Engine& e, Qp& qp, TxBatch& tx, const wire::PacketFields& f,
+               const uint8_t* payload, uint32_t plen, MemAccess* mem = nullptr,
+               uint64_t host = 0, bool* mem_ok = nullptr) {
   RespState& s = qp.resp_;
-  TxBatch& tx = e.rx_batch();
   if (tx.full()) e.flush(tx);
   uint8_t* buf = tx.next();
   size_t hl;
@@ -144,7 +145,7 @@ void queue_raw(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* pa
   bump(qp.comp_.ctr, dctr(e), Ctr::kSentPkts);
 }
 
-void emit_pending_ack(Engine& e, Qp& qp) {
+void emit_pending_ack(Engine& e, Qp& qp, TxBatch& tx) {
   RespState& s = qp.resp_;
   if (!s.ack_pending) return;
   s.ack_pending = false;
@@ -154,15 +155,16 @@ void emit_pending_ack(Engine& e, Qp& qp) {
   f.psn = s.ack_psn;
   f.syndrome = aeth::ack(aeth::kCreditInvalid);
   f.msn = s.ack_msn;
-  queue_raw(e, qp, f, nullptr, 0);
+  queue_raw(e, qp, tx, f, nullptr, 0);
 }
+void emit_pending_ack(Engine& e, Qp& qp) { emit_pending_ack(e, qp, e.rx_batch()); }
 
 // Every packet the responder sends goes after the ACK it still owes (PSN/MSN order).
 void queue_packet(Engine& e, Qp& qp, const wire::PacketFields& f, const uint8_t* payload,
                   uint32_t plen, MemAccess* mem = nullptr, uint64_t host = 0,
                   bool* mem_ok = nullptr) {
   emit_pending_ack(e, qp);
-  queue_raw(e, qp, f, payload, plen, mem, host, mem_ok);
+  queue_raw(e, qp, e.rx_batch(), f, payload, plen, mem, host, mem_ok);
 }
 
 // Owes an ACK for psn: coalesced with a later one until the receive batch ends, at most
@@ -231,7 +233,7 @@ void note_ce(Engine& e, Qp& qp) {
   f.dest_qp = qp.attr().dest_qp_num;
   f.becn = true;
   f.psn = 0;
-  queue_raw(e, qp, f, nullptr, 0);
+  queue_raw(e, qp, e.rx_batch(), f, nullptr, 0);
   bump(qp.comp_.ctr, dctr(e), Ctr::kCnpSent);
 }
 
@@ -1188,13 +1190,45 @@ RespOutcome ud_recv(Engine& e, Qp& qp, const Pkt& k) {
 
 }  // namespace
 
-void resp_flush_ack(Engine& e, Qp& qp) {
-  qp.resp_.ack_listed = false;
-  if (qp.comp_.dead || !qp.resp_.ready) {
-    qp.resp_.ack_pending = false;
+bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns) {
+  RespState& s = qp.resp_;
+  s.ack_listed = false;
+  if (qp.comp_.dead || !s.ready) {
+    s.ack_pending = false;
+    return false;
+  }
+  if (!s.ack_pending) return false;
+  if (now_ns != 0 && s.ack_hold) return true;  // for the next post (Engine::take_ack)
+  emit_pending_ack(e, qp);
+  s.ack_sent_ns = now_ns;
+  return false;
+}
+
+void resp_release_ack(Engine& e, Qp& qp) {
+  RespState& s = qp.resp_;
+  s.ack_held = false;
+  if (!s.ack_pending) return;  // a post took it
+  s.ack_hold = false;          // no post came in time: the next ACKs go at once
+  s.ack_sent_ns = 0;
+  bump(qp.comp_.ctr, dctr(e), Ctr::kAckHoldExpired);
+  if (qp.comp_.dead || !s.ready) {
+    s.ack_pending = false;
     return;
   }
   emit_pending_ack(e, qp);
+}
+
+bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns) {
+  RespState& s = qp.resp_;
+  if (!s.ready || qp.comp_.dead) return false;
+  if (!s.ack_pending) {
+    // A post soon after an ACK went alone: the application answers; hold the next one.
+    if (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns) s.ack_hold = true;
+    return false;
+  }
+  s.ack_hold = true;
+  emit_pending_ack(e, qp, tx);  // ack_listed / ack_held stay: their lists find nothing owed
+  return true;
 }
 
 ReplayResult resp_replay_slice(Engine& e, Qp& qp) { return replay_slice(e, qp, true); }

@@ -14,6 +14,7 @@
 namespace rnic::emu {
 
 class Engine;
+class TxBatch;
 
 enum class RespOutcome : uint8_t {
   kOk,        // handled without executing (dropped, NAKed, RNR, answered as a duplicate; UD)
@@ -27,8 +28,23 @@ enum class RespOutcome : uint8_t {
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d);
 
 // Sends the ACK the responder deferred for qp (ACK coalescing), if any. Called by the engine
-// at the end of each receive batch. REQUIRES: receive lock; receive context.
-void resp_flush_ack(Engine& e, Qp& qp);
+// at the end of each receive batch with now_ns, or 0 where ACKs are never held. True if the
+// ACK is held instead (RespState::ack_hold): the engine lists qp and calls resp_release_ack
+// when the hold ends. REQUIRES: receive lock; receive context.
+bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns = 0);
+
+// A held ACK's time is up: sends it if no post took it, and stops holding qp's ACKs.
+// REQUIRES: receive lock; receive context.
+void resp_release_ack(Engine& e, Qp& qp);
+
+// The owed ACK, taken by a post to qp (Engine::on_post_send) into the posting thread's batch
+// `tx`, ahead of the requests the post sends: one sendmmsg for both, and in a ping-pong the
+// reply carries the ACK of the message it answers instead of the receive context sending it
+// alone. The ACK still precedes the reply (an ib_send_lat -e requester needs its send CQE
+// before the reply; drain_locked's CqEventHold). A post with no ACK owed, less than hold_ns
+// after one was sent alone, turns holding on for qp. True if an ACK is now in tx.
+// REQUIRES: receive lock (any context).
+bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns);
 
 enum class ReplayResult : uint8_t {
   kDone,   // no replay in progress any more: qp leaves the engine's replay list

@@ -218,6 +218,12 @@ TEST(Config, TxDeferIsPacketsUpTo4096DefaultOne) {
                  {"4097", "-1", "on", ""});
 }
 
+TEST(Config, AckHoldIsMicrosecondsUpTo150Default50) {
+  EXPECT_EQ(Config{}.ack_hold_us, 50u);
+  expect_u32_var("SOFTRNIC_ACK_HOLD_US", &Config::ack_hold_us, {"0", "1", "50", "150"},
+                 {"151", "-1", "50us", ""});
+}
+
 // Names are exact; keyword values fold case; free-form values keep it.
 TEST(Config, CaseFoldingRule) {
   Config c;

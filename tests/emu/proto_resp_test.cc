@@ -729,5 +729,185 @@ TEST_F(RespTest, UcBadRkeyIsDroppedQpStaysRts) {
   EXPECT_EQ(0, std::memcmp(before.data(), target.data(), target.n));
 }
 
+// ---- ACKs ride posts (EngineConfig::ack_hold_ns; shim SOFTRNIC_ACK_HOLD_US) ----
+
+// The device's application answers the peer's SENDs with SENDs of its own on the same QP.
+// A hold of an hour, so that "a post soon after the ACK" never depends on this machine's speed;
+// the timers are fired by hand.
+class AckHoldTest : public ::testing::Test {
+ protected:
+  static EngineConfig hold_config() {
+    EngineConfig ec;
+    ec.ack_hold_ns = 3'600'000'000'000ull;
+    return ec;
+  }
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, hold_config());
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  std::shared_ptr<Qp> qp;
+  GuardedBuf rbuf{8192}, sbuf{4096};
+  std::shared_ptr<Mr> mrb, msb;
+
+  void SetUp() override {
+    qp = s.qp(QpType::kRc);
+    ConnOpts o;
+    o.rq_psn = kEpsn;
+    o.sq_psn = 500;
+    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+    mrb = s.mr(rbuf.data(), rbuf.n);
+    msb = s.mr(sbuf.data(), sbuf.n);
+    for (uint64_t i = 0; i < 8; ++i)
+      ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
+  }
+  // The peer's SEND (AckReq), received in one batch; what the device sent back then.
+  std::vector<Captured> peer_send(uint32_t psn) {
+    wire::PacketFields f;
+    f.opcode = op::kRcSendOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = psn;
+    f.ack_req = true;
+    p.send(f, bytes(16, static_cast<uint8_t>(psn)));
+    s.eng->poll_rx();
+    return p.recv_all();
+  }
+  // The application's answer; what the device sent for it. The peer then acknowledges the
+  // answer (so that no retransmit timer of the device fires in these tests).
+  std::vector<Captured> answer(uint64_t id) {
+    EXPECT_TRUE(post(qp, send_wr(WrOpcode::kSend, id, {sge(sbuf.data(), 32, msb)})).is_ok());
+    auto out = p.recv_all();
+    for (const Captured& c : out) {
+      if (c.opcode() != op::kRcSendOnly) continue;
+      wire::PacketFields a;
+      a.opcode = op::kRcAcknowledge;
+      a.dest_qp = qp->qpn();
+      a.psn = c.psn();
+      a.syndrome = aeth::ack(aeth::kCreditInvalid);
+      a.msn = ++peer_msn;
+      p.send(a);
+      s.eng->poll_rx();
+    }
+    return out;
+  }
+  uint32_t peer_msn = 0;
+  void fire_timers() { s.eng->run_timers(wire::monotonic_ns() + 2 * hold_config().ack_hold_ns); }
+  uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
+};
+
+TEST_F(AckHoldTest, AckRidesTheAnswerOnceTheApplicationAnswers) {
+  // Given a QP whose application has not answered yet: the ACK goes when the batch ends.
+  auto out = peer_send(kEpsn);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn);
+  // The application answers (soon after that ACK): holding starts, the answer goes alone.
+  out = answer(1);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcSendOnly);
+  // Expect the next request's ACK held for the next post...
+  EXPECT_TRUE(peer_send(kEpsn + 1).empty());
+  // ... which sends it first, then its own SEND, in one batch.
+  out = answer(2);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[1].opcode(), op::kRcSendOnly);
+  EXPECT_EQ(out[1].psn(), 501u);
+  EXPECT_EQ(ctr(Ctr::kAckOnPost), 1u);
+  EXPECT_EQ(ctr(Ctr::kAckHoldExpired), 0u);
+  // Both requests completed at once; holding delays no CQE.
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 2u);
+}
+
+TEST_F(AckHoldTest, HeldAckNoPostTakesGoesAtItsDeadlineAndHoldingStops) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  ASSERT_TRUE(peer_send(kEpsn + 2).empty());  // coalesced into the one held ACK
+  // Expect nothing before the deadline, the latest ACK at it.
+  s.eng->run_timers(wire::monotonic_ns());
+  EXPECT_TRUE(p.recv_all().empty());
+  fire_timers();
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 2);
+  EXPECT_EQ(ctr(Ctr::kAckHoldExpired), 1u);
+  // The application did not answer in time: the next ACK goes when its batch ends.
+  out = peer_send(kEpsn + 3);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kEpsn + 3);
+  // And the next post carries nothing (nothing owed).
+  out = answer(2);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcSendOnly);
+  EXPECT_EQ(ctr(Ctr::kAckOnPost), 0u);
+}
+
+TEST_F(AckHoldTest, DestroyingTheQpSendsItsHeldAck) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  drain_cq(*s.scq);
+  drain_cq(*s.rcq);
+  ASSERT_TRUE(s.dev->destroy_qp(qp).is_ok());
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+}
+
+TEST_F(AckHoldTest, ANakIsNeverHeldAndGoesAfterTheHeldAck) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  // A PSN gap: the NAK goes at once, after the ACK it follows (PSN order).
+  wire::PacketFields f;
+  f.opcode = op::kRcSendOnly;
+  f.dest_qp = qp->qpn();
+  f.psn = kEpsn + 5;
+  f.ack_req = true;
+  p.send(f, bytes(16, 1));
+  s.eng->poll_rx();
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+  EXPECT_EQ(out[1].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+}
+
+TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
+  EXPECT_EQ(EngineConfig{}.ack_hold_ns, 0u);
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  auto qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  o.sq_psn = 500;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  GuardedBuf rbuf{4096};
+  auto mrb = s.mr(rbuf.data(), rbuf.n);
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
+  for (uint32_t k = 0; k < 3; ++k) {
+    wire::PacketFields f;
+    f.opcode = op::kRcSendOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = kEpsn + k;
+    f.ack_req = true;
+    p.send(f, bytes(8, 1));
+    s.eng->poll_rx();
+    auto out = p.recv_all();
+    ASSERT_EQ(out.size(), 1u) << k;
+    EXPECT_EQ(out[0].psn(), kEpsn + k);
+    ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, k, {sge(rbuf.data(), 8, mrb)})).is_ok());
+    out = p.recv_all();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].opcode(), op::kRcSendOnly);
+  }
+  EXPECT_EQ(qp->comp_.ctr.get(Ctr::kAckOnPost), 0u);
+}
+
 }  // namespace
 }  // namespace rnic::emu::test
