@@ -107,6 +107,10 @@ int get_event(Channel* ch, rdma_cm_event** out) {
   std::unique_lock<std::mutex> lk(g().mu);
   ++ch->waiters;
   for (;;) {
+    if (ch->closed && ch->nonblock_at_close) {
+      --ch->waiters;
+      return fail(EBADF);  // as a read of the closed fd: never blocks, whatever it was
+    }
     if (ch->closed) {
       // Destroyed before or while this thread waited. A read of the kernel's rdma_cm file
       // that another thread closed stays blocked for good (the read holds the file), and
@@ -184,6 +188,8 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
   for (Event* e : c->q) delete e;
   c->q.clear();
   c->closed = true;
+  const int fl = fcntl(c->pub.fd, F_GETFL);
+  c->nonblock_at_close = fl >= 0 && (fl & O_NONBLOCK) != 0;
   close(c->pub.fd);
   // Threads in rdma_get_cm_event on it stay blocked, as in a read of the kernel's file
   // after a close (get_event), and keep it. One without waiters is kept for a while too (the

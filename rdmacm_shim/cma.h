@@ -75,6 +75,7 @@ struct Channel {
   // (channel.cc queue_push).
   int waiters = 0;
   bool closed = false;
+  bool nonblock_at_close = false;  // the fd was O_NONBLOCK: a call after the destroy fails
 };
 inline Channel* to_channel(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
 

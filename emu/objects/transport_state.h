@@ -94,6 +94,7 @@ struct RespState {
   // ack_hold_ns before it (ack_sent_ns).
   bool ack_hold = false;
   bool ack_held = false;         // QP is in the engine's held-ACK list
+  uint64_t ack_hold_until_ns = 0;  // the held ACK goes alone then (0: none held)
   uint64_t ack_sent_ns = 0;      // when the receive context last sent an owed ACK (hold on)
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY
   uint32_t mtu = 256;

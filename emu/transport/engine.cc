@@ -185,6 +185,16 @@ void Engine::stop() {
     (void)w;
     thread_.join();
   }
+  {
+    // ACKs still held for a post go now: an application that closes the device right after
+    // its last completion must not take the peer's last ACK with it.
+    std::lock_guard rl(rx_mu_);
+    if (rx_tx_) {
+      flush_acks_locked();
+      release_held_acks_locked(~uint64_t{0});
+      flush(*rx_tx_);
+    }
+  }
   if (dev_->hooks() == this) dev_->set_hooks(nullptr);
 }
 
@@ -459,36 +469,73 @@ void Engine::flush_acks_locked() {
   // answer on (2 cores, ib_write_lat: a quarter of the held ACKs timed out).
   const bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
   if (ack_qps_.empty() && held_acks_.empty()) return;
-  const uint64_t now = hold ? wire::monotonic_ns() : 0;
+  const uint64_t now = hold || !held_acks_.empty() ? wire::monotonic_ns() : 0;
+  // What the batch already built goes first: a post may send a held ACK at once
+  // (resp_take_ack), and it must not overtake this QP's earlier responses (a READ response
+  // behind a later ACK reads as lost at the requester).
+  if (hold && rx_tx_->size() > 0) flush(*rx_tx_);
   for (auto& qp : ack_qps_) {
     std::lock_guard lk(qp->recv_mutex());
-    if (!resp_flush_ack(*this, *qp, held_acks_.size() < kMaxDeferredAcks ? now : 0)) continue;
-    if (qp->resp_.ack_held) continue;  // listed, with the deadline of the first one held
-    qp->resp_.ack_held = true;
-    if (held_acks_.empty()) {
-      held_deadline_ns_.store(now + cfg_.ack_hold_ns, std::memory_order_release);
-      arm_timer(now + cfg_.ack_hold_ns);
+    if (!resp_flush_ack(*this, *qp, hold && held_acks_.size() < kMaxDeferredAcks ? now : 0))
+      continue;
+    RespState& rs = qp->resp_;
+    if (rs.ack_hold_until_ns == 0) {  // a new ACK held (not one coalesced into a held one)
+      rs.ack_hold_until_ns = now + cfg_.ack_hold_ns;
+      const uint64_t d = held_deadline_ns_.load(std::memory_order_relaxed);
+      if (d == 0 || rs.ack_hold_until_ns < d) {
+        held_deadline_ns_.store(rs.ack_hold_until_ns, std::memory_order_release);
+        arm_timer(rs.ack_hold_until_ns);
+      }
     }
-    held_acks_.push_back(qp);
+    if (!rs.ack_held) {
+      rs.ack_held = true;
+      held_acks_.push_back(qp);
+    }
   }
   ack_qps_.clear();
-  if (!held_acks_.empty() && (!hold || held_deadline_ns_.load(std::memory_order_relaxed) <= now))
-    release_held_acks_locked();
+  if (!held_acks_.empty() && held_deadline_ns_.load(std::memory_order_relaxed) <= now)
+    release_held_acks_locked(now);
 }
 
-void Engine::release_held_acks_locked() {
+// Sends the held ACKs due at now_ns that no post took; QPs whose ACK a post took leave the
+// list; the rest stay, and the deadline becomes the earliest of theirs.
+void Engine::release_held_acks_locked(uint64_t now_ns) {
+  size_t kept = 0;
+  uint64_t next = 0;
   for (auto& qp : held_acks_) {
     std::lock_guard lk(qp->recv_mutex());
+    RespState& rs = qp->resp_;
+    if (rs.ack_pending && rs.ack_hold_until_ns > now_ns) {
+      if (next == 0 || rs.ack_hold_until_ns < next) next = rs.ack_hold_until_ns;
+      held_acks_[kept++] = qp;
+      continue;
+    }
     resp_release_ack(*this, *qp);
   }
-  held_acks_.clear();
-  held_deadline_ns_.store(0, std::memory_order_release);
+  held_acks_.resize(kept);
+  held_deadline_ns_.store(next, std::memory_order_release);
+  if (next != 0) arm_timer(next);
 }
 
-void Engine::release_held_acks() {
+void Engine::release_held_ack_locked(Qp& qp) {
+  for (size_t i = 0; i < held_acks_.size(); ++i) {
+    if (held_acks_[i].get() != &qp) continue;
+    {
+      std::lock_guard lk(qp.recv_mutex());
+      resp_release_ack(*this, qp);
+    }
+    held_acks_.erase(held_acks_.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+  if (held_acks_.empty()) held_deadline_ns_.store(0, std::memory_order_release);
+  // Else the deadline may be qp's, now gone: early, which only makes a release round
+  // that keeps the others (release_held_acks_locked).
+}
+
+void Engine::release_held_acks(uint64_t now_ns) {
   std::lock_guard lk(rx_mu_);
   if (!rx_tx_) return;
-  release_held_acks_locked();
+  release_held_acks_locked(now_ns);
   flush(*rx_tx_);
 }
 
@@ -576,7 +623,7 @@ void Engine::arm_timer(Qp& qp, uint64_t deadline_ns) {
 
 void Engine::run_timers(uint64_t now_ns) {
   const uint64_t held = held_deadline_ns_.load(std::memory_order_acquire);
-  if (held != 0 && held <= now_ns) release_held_acks();
+  if (held != 0 && held <= now_ns) release_held_acks(now_ns);
   {
     // The due entries leave the heap; the timerfd is re-armed at the next one.
     std::lock_guard lk(timer_mu_);
@@ -599,6 +646,8 @@ void Engine::run_timers(uint64_t now_ns) {
     }
     for (auto& qp : due_) qp->comp_.timer_due = false;
     if (!heap_.empty()) arm_locked(heap_.front().at);
+    // Held ACKs' deadline: its arm_timer was a no-op if an earlier deadline was armed then.
+    if (uint64_t h = held_deadline_ns_.load(std::memory_order_acquire); h != 0) arm_locked(h);
   }
   for (auto& qp : due_) {
     std::lock_guard lk(qp->send_mutex());
@@ -725,6 +774,7 @@ void reset_transport(Qp& qp) {
   s.ack_pending = false;
   s.ack_hold = false;  // `ack_held` stays, as `ack_listed`: the lists drop it
   s.ack_sent_ns = 0;
+  s.ack_hold_until_ns = 0;
   s.cur = RespState::kNone;
   s.have_wqe = false;
   s.recv_offset = 0;
@@ -852,11 +902,10 @@ void Engine::on_modify(Qp& qp, QpState from, QpState to) {
 // must not take the ACK with it: the peer's final WQE would end in RETRY_EXC_ERR. Waiting
 // for rx_mu_ waits for that batch, and sends what is still owed.
 void Engine::on_before_destroy(Qp& qp) {
-  (void)qp;
   std::lock_guard lk(rx_mu_);
   if (!rx_tx_) return;
   flush_acks_locked();
-  release_held_acks_locked();
+  release_held_ack_locked(qp);
   flush(*rx_tx_);
 }
 

@@ -241,6 +241,8 @@ class Engine final : public TransportHooks {
   void run_timers(uint64_t now_ns);
   // Earliest armed deadline (ns) over the QPs with a timer entry, 0 if none.
   uint64_t next_deadline_ns();
+  // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
+  uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
 
   // ---- TransportHooks ----
   void on_post_send(Qp& qp) override;
@@ -330,12 +332,14 @@ class Engine final : public TransportHooks {
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
   void flush_acks_locked();
-  // ACKs held for a post (EngineConfig::ack_hold_ns; rx_mu_), all released at one deadline:
-  // the first one's hold end (0: none held; read by run_timers without rx_mu_).
+  // QPs with an ACK held for a post (EngineConfig::ack_hold_ns; rx_mu_), each until its
+  // RespState::ack_hold_until_ns; held_deadline_ns_ is the earliest of those (0: none held;
+  // read by run_timers without rx_mu_), on the timerfd.
   std::vector<std::shared_ptr<Qp>> held_acks_;  // capacity reserved once
   std::atomic<uint64_t> held_deadline_ns_{0};
-  void release_held_acks_locked();
-  void release_held_acks();  // run_timers: takes rx_mu_
+  void release_held_acks_locked(uint64_t now_ns);  // those due at now_ns (~0: all)
+  void release_held_ack_locked(Qp& qp);            // qp's only (destroy)
+  void release_held_acks(uint64_t now_ns);         // run_timers: takes rx_mu_
   std::vector<std::shared_ptr<Qp>> replay_qps_;  // QPs with a READ replay in progress
   std::vector<std::shared_ptr<Qp>> replay_scan_;
   void run_replays_locked();

@@ -1207,6 +1207,7 @@ bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns) {
 void resp_release_ack(Engine& e, Qp& qp) {
   RespState& s = qp.resp_;
   s.ack_held = false;
+  s.ack_hold_until_ns = 0;
   if (!s.ack_pending) return;  // a post took it
   s.ack_hold = false;          // no post came in time: the next ACKs go at once
   s.ack_sent_ns = 0;
@@ -1221,13 +1222,18 @@ void resp_release_ack(Engine& e, Qp& qp) {
 bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns) {
   RespState& s = qp.resp_;
   if (!s.ready || qp.comp_.dead) return false;
-  if (!s.ack_pending) {
-    // A post soon after an ACK went alone: the application answers; hold the next one.
-    if (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns) s.ack_hold = true;
+  // Only a held ACK: its batch has ended and sent everything built before it. One still
+  // listed belongs to a batch in progress, whose responses for this QP (queued in the
+  // receive context's batch) must not be overtaken; it goes when that batch ends.
+  if (!s.ack_pending || !s.ack_held || s.ack_listed) {
+    // An ACK owed, or one that went alone a moment ago: the application answers; hold the
+    // next one.
+    if (s.ack_pending || (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns))
+      s.ack_hold = true;
     return false;
   }
-  s.ack_hold = true;
-  emit_pending_ack(e, qp, tx);  // ack_listed / ack_held stay: their lists find nothing owed
+  emit_pending_ack(e, qp, tx);  // ack_held stays: the held list finds nothing owed
+  s.ack_hold_until_ns = 0;      // the next ACK held gets a whole hold of its own
   return true;
 }
 

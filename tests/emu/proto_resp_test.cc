@@ -844,6 +844,25 @@ TEST_F(AckHoldTest, HeldAckNoPostTakesGoesAtItsDeadlineAndHoldingStops) {
   EXPECT_EQ(ctr(Ctr::kAckOnPost), 0u);
 }
 
+// The held ACKs' deadline stays on the timerfd when an earlier deadline fires first (here
+// the stale retransmit-timer entry of the answer, acknowledged since): run_timers re-arms
+// it, or nothing would wake the progress thread to send the ACK.
+TEST_F(AckHoldTest, HeldDeadlineStaysArmedAfterAnEarlierTimerFires) {
+  peer_send(kEpsn);
+  answer(1);
+  const uint64_t t0 = wire::monotonic_ns();
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());  // held: deadline t0 + 1 h
+  s.eng->run_timers(t0 + 60'000'000'000ull);  // a minute on: the retransmit entry is due
+  const uint64_t armed = s.eng->timerfd_deadline_ns();
+  EXPECT_GT(armed, t0 + 30 * 60'000'000'000ull);
+  EXPECT_LT(armed, ~uint64_t{0}) << "no timer armed for the held ACK";
+  EXPECT_TRUE(p.recv_all().empty());
+  fire_timers();
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+}
+
 TEST_F(AckHoldTest, DestroyingTheQpSendsItsHeldAck) {
   peer_send(kEpsn);
   answer(1);

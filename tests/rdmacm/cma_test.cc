@@ -216,17 +216,31 @@ TEST_F(Cma, GetEventJustAfterTheDestroyBlocks) {
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(ch, nullptr);
   rdma_destroy_event_channel(ch);
-  static std::atomic<int> done{0}, ebadf{0};
+  static std::atomic<int> started{0}, done{0}, ebadf{0};
   std::thread late([ch] {
     rdma_cm_event* ev = nullptr;
+    ++started;
     int rc = rdma_get_cm_event(ch, &ev);
     if (rc == -1 && errno == EBADF) ++ebadf;
     ++done;
   });
+  while (started.load() == 0) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(done.load(), 0) << "rdma_get_cm_event returned on a destroyed channel";
   EXPECT_EQ(ebadf.load(), 0);
   late.detach();  // blocked until the process exits, as with rping
+}
+
+// ... but a channel the application made non-blocking never blocks: a call after its destroy
+// fails with EBADF, as a read of the closed fd (an event loop must not freeze in it).
+TEST_F(Cma, GetEventAfterTheDestroyOfANonBlockingChannelFails) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  ASSERT_EQ(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  rdma_destroy_event_channel(ch);
+  rdma_cm_event* ev = nullptr;
+  EXPECT_EQ(rdma_get_cm_event(ch, &ev), -1);
+  EXPECT_EQ(errno, EBADF);
 }
 
 TEST_F(Cma, ResolveAddrAndRouteFillTheIdAsTheKernel) {
