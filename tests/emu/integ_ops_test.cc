@@ -436,9 +436,9 @@ TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20
 // ib_send_lat). Every message's bytes arrive, every SEND completes in order, the posts carried
 // ACKs (ack_on_post), and the last message's ACK, which no post takes, still comes (the
 // hold's deadline). Not asserted: that a reply's receive CQE never precedes the send CQE of
-// the message it answers. A post sends an ACK it finds owed first, but one the progress
-// thread has already built into its batch can still be overtaken by the reply, as without
-// holding (seen once in ~500 here, with and without it).
+// the message it answers. A post sends a held ACK first, but the ACK of a receive batch
+// still in progress (the progress thread's, which never holds) can be overtaken by the
+// reply, as without holding (seen once in ~500 here, with and without it).
 TEST(AckHoldTest, SendPingPongAcksRidePosts) {
   EngineConfig ec;
   ec.ack_hold_ns = 50'000;
