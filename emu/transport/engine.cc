@@ -58,6 +58,8 @@ int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
 
 // True on an engine's progress thread (set once there).
 thread_local bool t_progress_thread = false;
+// The engine whose receive batch this thread is running (drain_locked; rx_mu_ held).
+thread_local Engine* t_drain_engine = nullptr;
 
 TxBatch& tx_batch_for_thread() {
   thread_local TxBatch batch;
@@ -425,6 +427,11 @@ int Engine::try_poll_rx(int budget) {
 }
 
 int Engine::drain_locked(int budget) {
+  struct DrainMark {  // t_drain_engine for the batch (take_ack), restored on the way out
+    Engine* prev;
+    explicit DrainMark(Engine* e) : prev(t_drain_engine) { t_drain_engine = e; }
+    ~DrainMark() { t_drain_engine = prev; }
+  } mark(this);
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   // Completion events raised by this batch fire only once its ACKs have been sent: an app
@@ -728,25 +735,30 @@ bool Engine::defer_post(Qp& qp) const {
   return qp.sq().size() - r.pos <= cfg_.defer_max;
 }
 
-// The ACK qp's responder owes, into tx ahead of what the post sends (ack_hold_ns). Lock
-// order send -> receive. Waited for, not tried: a receive context that holds the lock for
-// this QP's next packet would leave a held ACK to its deadline.
-bool Engine::take_ack(Qp& qp, TxBatch& tx) {
-  if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return false;
+// The ACK qp's responder owes goes ahead of the requests a requester run is about to send
+// (ack_hold_ns; req_run, at its first packet): a held one into tx, to leave in the same
+// sendmmsg (ack_on_post). One still listed in a receive batch that this thread is running
+// (a post from the receive context: a tag-matching rendezvous, or a WQE a response released)
+// is sent now with that batch, so that neither overtakes the other. One listed in another
+// thread's batch is left to it. Lock order send -> receive; waited for, not tried: a receive
+// context holding it for this QP's next packet would leave a held ACK to its deadline.
+void Engine::take_ack(Qp& qp, TxBatch& tx) {
+  if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return;
   std::lock_guard lk(qp.recv_mutex());
-  return resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns);
+  if (t_drain_engine == this && qp.resp_.ack_listed) {
+    if (resp_send_owed_ack(*this, qp)) flush(*rx_tx_);
+    return;
+  }
+  if (resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns))
+    bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
 }
 
 void Engine::on_post_send(Qp& qp) {
-  TxBatch& tx = tx_batch();
-  const bool ack = take_ack(qp, tx);
-  if (ack) bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
   if (defer_post(qp)) {
     bump(qp.comp_.ctr, ctr_, Ctr::kTxDeferred);
-  } else {
-    req_run(*this, qp);  // its batch is tx: the ACK leaves first, with the requests
+    return;
   }
-  if (ack && tx.size() > 0) flush(tx);
+  req_run(*this, qp);
 }
 
 void Engine::on_post_recv(Qp& qp) {

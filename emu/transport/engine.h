@@ -241,6 +241,9 @@ class Engine final : public TransportHooks {
   void run_timers(uint64_t now_ns);
   // Earliest armed deadline (ns) over the QPs with a timer entry, 0 if none.
   uint64_t next_deadline_ns();
+  // Before a requester run's first packet (req.cc): the ACK qp's responder owes goes first
+  // (EngineConfig::ack_hold_ns; engine.cc). REQUIRES: qp's send lock.
+  void take_ack(Qp& qp, TxBatch& tx);
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
 
@@ -302,7 +305,6 @@ class Engine final : public TransportHooks {
   Status init();
   void progress_loop();
   bool defer_post(Qp& qp) const;      // REQUIRES: qp's send lock
-  bool take_ack(Qp& qp, TxBatch& tx);  // REQUIRES: qp's send lock
   int drain_locked(int budget);
   void drain_fault_rx_locked();
   void drain_fault_tx();

@@ -422,6 +422,8 @@ void req_run(Engine& e, Qp& qp) {
       continue;
     }
     if (window_full(x)) break;
+    // Every request goes after the ACK this QP's responder owes (Engine::take_ack).
+    if (!x.sent) e.take_ack(qp, x.tx);
     ReqPkt k;
     build_packet(x, w, k);
     if (!emit_packet(x, w, k)) break;

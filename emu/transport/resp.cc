@@ -1219,6 +1219,14 @@ void resp_release_ack(Engine& e, Qp& qp) {
   emit_pending_ack(e, qp);
 }
 
+bool resp_send_owed_ack(Engine& e, Qp& qp) {
+  RespState& s = qp.resp_;
+  if (!s.ack_pending || !s.ready || qp.comp_.dead) return false;
+  s.ack_hold = true;  // a request follows the ACK at once: the application answers
+  emit_pending_ack(e, qp);
+  return true;
+}
+
 bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns) {
   RespState& s = qp.resp_;
   if (!s.ready || qp.comp_.dead) return false;

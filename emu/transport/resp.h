@@ -37,15 +37,20 @@ bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns = 0);
 // REQUIRES: receive lock; receive context.
 void resp_release_ack(Engine& e, Qp& qp);
 
-// The held ACK (RespState::ack_held, its receive batch ended), taken by a post to qp
-// (Engine::on_post_send) into the posting thread's batch `tx`, ahead of the requests the
-// post sends: one sendmmsg for both, and in a ping-pong the reply carries the ACK of the
+// The held ACK (RespState::ack_held, its receive batch ended), taken by a requester run of
+// qp (Engine::take_ack, at its first packet) into that thread's batch `tx`, ahead of the
+// requests it sends: one sendmmsg for both, and in a ping-pong the reply carries the ACK of the
 // message it answers instead of the receive context sending it alone. The ACK still precedes
 // the reply (an ib_send_lat -e requester needs its send CQE before the reply; drain_locked's
 // CqEventHold). An ACK still listed in a receive batch is left to that batch. A post that
 // finds an ACK owed, or comes less than hold_ns after one went alone, turns holding on for
 // qp. True if an ACK is now in tx. REQUIRES: receive lock (any context).
 bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns);
+
+// The ACK owed by qp in the receive batch this thread is running, into that batch now (the
+// caller flushes it before its requests). True if one was owed. REQUIRES: receive lock;
+// receive context.
+bool resp_send_owed_ack(Engine& e, Qp& qp);
 
 enum class ReplayResult : uint8_t {
   kDone,   // no replay in progress any more: qp leaves the engine's replay list

@@ -791,6 +791,11 @@ class AckHoldTest : public ::testing::Test {
   uint32_t peer_msn = 0;
   void fire_timers() { s.eng->run_timers(wire::monotonic_ns() + 2 * hold_config().ack_hold_ns); }
   uint64_t ctr(Ctr c) { return qp->comp_.ctr.get(c); }
+  // One receive round; what the device sent.
+  std::vector<Captured> step_only() {
+    s.eng->poll_rx();
+    return p.recv_all();
+  }
 };
 
 TEST_F(AckHoldTest, AckRidesTheAnswerOnceTheApplicationAnswers) {
@@ -861,6 +866,63 @@ TEST_F(AckHoldTest, HeldDeadlineStaysArmedAfterAnEarlierTimerFires) {
   auto out = p.recv_all();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].psn(), kEpsn + 1);
+}
+
+// A request that a response releases (here a fenced SEND behind a READ; in tag matching the
+// rendezvous FIN) goes after the ACK its QP owes, whether that ACK is held from an earlier
+// batch or owed in the batch that carries the response: a requester must see its send
+// completion before the answer (rdma-core's test_tm_rndv and tag_matching_test failed in CI
+// when the FIN went first).
+TEST_F(AckHoldTest, ARequestReleasedByAResponseGoesAfterTheOwedAck) {
+  peer_send(kEpsn);
+  answer(1);  // PSN 500; holding is on
+  for (bool same_batch : {false, true}) {
+    SCOPED_TRACE(same_batch ? "ACK owed in the response's batch" : "ACK held from before");
+    const uint32_t rpsn = same_batch ? 503 : 501;  // the READ's PSN
+    const uint32_t req_psn = same_batch ? kEpsn + 2 : kEpsn + 1;
+    Wr rd = send_wr(WrOpcode::kRdmaRead, 10, {sge(sbuf.data(), 8, msb)});
+    rd.rdma.remote_addr = 0x1000;
+    rd.rdma.rkey = 0x77;
+    ASSERT_TRUE(post(qp, rd).is_ok());
+    ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 11, {sge(sbuf.data(), 16, msb)},
+                                 kSendSignaled | kSendFence)).is_ok());
+    auto out = p.recv_all();
+    ASSERT_EQ(out.size(), 1u) << "the READ only: the SEND waits for its data";
+    EXPECT_EQ(out[0].opcode(), op::kRcRdmaReadRequest);
+    EXPECT_EQ(out[0].psn(), rpsn);
+    wire::PacketFields f;
+    f.opcode = op::kRcSendOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = req_psn;
+    f.ack_req = true;
+    p.send(f, bytes(16, 3));
+    if (!same_batch) {
+      ASSERT_TRUE(step_only().empty()) << "its ACK is held";
+    }
+    wire::PacketFields r;
+    r.opcode = op::kRcRdmaReadResponseOnly;
+    r.dest_qp = qp->qpn();
+    r.psn = rpsn;
+    r.syndrome = aeth::ack(aeth::kCreditInvalid);
+    r.msn = ++peer_msn;
+    p.send(r, bytes(8, 4));
+    out = step_only();
+    ASSERT_GE(out.size(), 2u);
+    EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+    EXPECT_EQ(out[0].psn(), req_psn);
+    EXPECT_EQ(out[1].opcode(), op::kRcSendOnly);
+    EXPECT_EQ(out[1].psn(), rpsn + 1);
+    // The peer acknowledges the SEND.
+    wire::PacketFields a;
+    a.opcode = op::kRcAcknowledge;
+    a.dest_qp = qp->qpn();
+    a.psn = rpsn + 1;
+    a.syndrome = aeth::ack(aeth::kCreditInvalid);
+    a.msn = ++peer_msn;
+    p.send(a);
+    s.eng->poll_rx();
+    p.recv_all();
+  }
 }
 
 TEST_F(AckHoldTest, DestroyingTheQpSendsItsHeldAck) {
