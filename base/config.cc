@@ -84,12 +84,12 @@ const VarDecl kVars[] = {
      .store = [](Config* c, const VarValue& v) { c->tx_defer = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_ACK_HOLD_US", .type = VarType::kU32, .default_text = "`50`",
      .values = "0..150 (microseconds)",
-     .help = "ACKs ride posts: a post to an RC QP sends the ACK its responder owes in the same "
-             "batch, ahead of its requests; and an ACK owed at the end of a receive that an "
-             "application's poll_cq ran waits this long for that post, once the QP's "
-             "application answers within it (then goes alone; counters ack_on_post, "
-             "ack_hold_expired); on 2 cores ib_send_lat -20% (docs/progress.md; 0: every ACK "
-             "goes when its receive batch ends; at most 150, below the 200 us probe timer)",
+     .help = "ACKs ride posts: an ACK owed at the end of a receive that an application's "
+             "poll_cq ran waits this long for the QP's next requester run (a post), once the "
+             "QP's application answers within it, and goes in that run's batch ahead of its "
+             "requests (else alone; counters ack_on_post, ack_hold_expired); on 2 cores "
+             "ib_send_lat -20% (docs/progress.md; 0: every ACK goes when its receive batch "
+             "ends; at most 150, below the 200 us probe timer)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 150,
      .store = [](Config* c, const VarValue& v) { c->ack_hold_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",

@@ -17,7 +17,7 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "ecn_ce_rcvd",        "retrans_bytes",      "window_cuts",        "retrans_probes",
     "mtu_exceeded",       "tm_bad_header",      "stash_stored",       "stash_replayed",
     "stash_full",         "cnp_sent",           "spin_skipped",       "tx_deferred",
-    "ack_on_post",        "ack_hold_expired",
+    "ack_on_post",        "ack_hold_expired",   "rx_drain_progress",  "rx_drain_poll",
 };
 }  // namespace
 

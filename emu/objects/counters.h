@@ -74,9 +74,14 @@ enum class Ctr : uint8_t {
                         // once per check, at most every 10 ms (docs/progress.md)
   kTxDeferred,          // tx_deferred (ours): posts whose WQEs were left for the requester run
                         // of the next ACK (doorbell batching, SOFTRNIC_TX_DEFER)
-  kAckOnPost,           // ack_on_post (ours): owed ACKs sent by a post to the QP, in its
-                        // batch (SOFTRNIC_ACK_HOLD_US)
-  kAckHoldExpired,      // ack_hold_expired (ours): held ACKs no post took in time, sent alone
+  kAckOnPost,           // ack_on_post (ours): owed ACKs sent by a requester run of the QP
+                        // (a post's, mostly), in its batch (SOFTRNIC_ACK_HOLD_US)
+  kAckHoldExpired,      // ack_hold_expired (ours): held ACKs no requester run took in time,
+                        // sent alone
+  kRxDrainProgress,     // rx_drain_progress (ours): receive drains that got datagrams, run by
+                        // the progress thread (its epoll wake-up or spin)
+  kRxDrainPoll,         // rx_drain_poll (ours): receive drains that got datagrams, run by an
+                        // application thread (poll_cq on an empty CQ)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -258,12 +258,19 @@ void Engine::progress_loop() {
       rx = true;
     }
     if (defer) {
-      // Still busy-polled: look again later. Else watch the socket again (level-triggered:
-      // anything that arrived meanwhile wakes us at once) and drain it now.
+      // Still busy-polled: look again later, each time twice as late (up to kDeferGapMaxNs)
+      // while the application keeps polling: on 2 cores every re-check is a wake-up that
+      // takes a core from a spinning thread, and at one per busy_poll_ns (20 us) they made
+      // ib_read_lat's round trip 70-83 us against 15 without the hand-off (docs/progress.md).
+      // Else watch the socket again (level-triggered: anything that arrived meanwhile wakes
+      // us at once), drain it now, and start again from busy_poll_ns.
       const uint64_t last = inline_poll_ns_.load(std::memory_order_acquire);
       if (wire::monotonic_ns() - last < cfg_.busy_poll_ns) {
-        arm_defer(last + cfg_.busy_poll_ns);
+        defer_gap_ns_ = std::min<uint64_t>(std::max<uint64_t>(defer_gap_ns_, cfg_.busy_poll_ns) * 2,
+                                           std::max<uint64_t>(cfg_.busy_poll_ns, kDeferGapMaxNs));
+        arm_defer(last + defer_gap_ns_);
       } else {
+        defer_gap_ns_ = cfg_.busy_poll_ns;
         watch_rx(true);
         rx = true;
       }
@@ -467,6 +474,7 @@ int Engine::drain_locked(int budget) {
   }
   flush_acks_locked();
   flush(*rx_tx_);
+  if (total > 0) ctr_.add(t_progress_thread ? Ctr::kRxDrainProgress : Ctr::kRxDrainPoll);
   return total;  // `events` releases the rest
 }
 
@@ -505,15 +513,18 @@ void Engine::flush_acks_locked() {
 }
 
 // Sends the held ACKs due at now_ns that no post took; QPs whose ACK a post took leave the
-// list; the rest stay, and the deadline becomes the earliest of theirs.
-void Engine::release_held_acks_locked(uint64_t now_ns) {
+// list; the rest stay, and the deadline becomes the earliest of theirs. With `only`: that
+// QP's alone (its destroy), the rest stay.
+void Engine::release_held_acks_locked(uint64_t now_ns, const Qp* only) {
   size_t kept = 0;
   uint64_t next = 0;
   for (auto& qp : held_acks_) {
     std::lock_guard lk(qp->recv_mutex());
     RespState& rs = qp->resp_;
-    if (rs.ack_pending && rs.ack_hold_until_ns > now_ns) {
-      if (next == 0 || rs.ack_hold_until_ns < next) next = rs.ack_hold_until_ns;
+    if (only != nullptr ? qp.get() != only : rs.ack_pending && rs.ack_hold_until_ns > now_ns) {
+      // (with `only`, a kept QP whose ACK a post took has no deadline: 0)
+      if (rs.ack_hold_until_ns != 0 && (next == 0 || rs.ack_hold_until_ns < next))
+        next = rs.ack_hold_until_ns;
       held_acks_[kept++] = qp;
       continue;
     }
@@ -522,21 +533,6 @@ void Engine::release_held_acks_locked(uint64_t now_ns) {
   held_acks_.resize(kept);
   held_deadline_ns_.store(next, std::memory_order_release);
   if (next != 0) arm_timer(next);
-}
-
-void Engine::release_held_ack_locked(Qp& qp) {
-  for (size_t i = 0; i < held_acks_.size(); ++i) {
-    if (held_acks_[i].get() != &qp) continue;
-    {
-      std::lock_guard lk(qp.recv_mutex());
-      resp_release_ack(*this, qp);
-    }
-    held_acks_.erase(held_acks_.begin() + static_cast<std::ptrdiff_t>(i));
-    break;
-  }
-  if (held_acks_.empty()) held_deadline_ns_.store(0, std::memory_order_release);
-  // Else the deadline may be qp's, now gone: early, which only makes a release round
-  // that keeps the others (release_held_acks_locked).
 }
 
 void Engine::release_held_acks(uint64_t now_ns) {
@@ -917,7 +913,7 @@ void Engine::on_before_destroy(Qp& qp) {
   std::lock_guard lk(rx_mu_);
   if (!rx_tx_) return;
   flush_acks_locked();
-  release_held_ack_locked(qp);
+  if (!held_acks_.empty()) release_held_acks_locked(0, &qp);
   flush(*rx_tx_);
 }
 

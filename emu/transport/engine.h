@@ -23,7 +23,8 @@
 //  * busy poll: poll_cq on an empty CQ stamps the time; the first such poll takes the socket
 //    out of the progress thread's epoll set and arms a timerfd, so a busy-polling app is not
 //    interrupted by a progress-thread wake per packet. When no poll happened for
-//    busy_poll_ns the progress thread watches the socket again and drains it.
+//    busy_poll_ns at a re-check the progress thread watches the socket again and drains it;
+//    while the polls go on, each re-check comes twice as late as the last (at most 160 us).
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
 //    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin),
 //    if the machine's runnable threads leave a CPU spare (spare_core).
@@ -78,8 +79,9 @@ struct EngineConfig {
   bool gro = true;
   // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
   // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
-  // such poll (timers still run); an app that stops polling (ib_write_lat waits on memory)
-  // has its packets received by the progress thread at most busy_poll_ns later. 0 = the
+  // such poll, then at doubling gaps (at most 160 us) while the polls go on (timers still
+  // run); an app that stops polling (ib_write_lat waits on memory) has its packets received
+  // by the progress thread at most one gap later. 0 = the
   // progress thread always receives (the default here and in the shim, SOFTRNIC_BUSY_POLL_US:
   // on 2 cores its timer re-checks cost more than the wake-ups it saves, docs/progress.md).
   // The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final ACK at teardown
@@ -339,8 +341,8 @@ class Engine final : public TransportHooks {
   // read by run_timers without rx_mu_), on the timerfd.
   std::vector<std::shared_ptr<Qp>> held_acks_;  // capacity reserved once
   std::atomic<uint64_t> held_deadline_ns_{0};
-  void release_held_acks_locked(uint64_t now_ns);  // those due at now_ns (~0: all)
-  void release_held_ack_locked(Qp& qp);            // qp's only (destroy)
+  // Held ACKs due at now_ns (~0: all), or with `only` that QP's alone (destroy).
+  void release_held_acks_locked(uint64_t now_ns, const Qp* only = nullptr);
   void release_held_acks(uint64_t now_ns);         // run_timers: takes rx_mu_
   std::vector<std::shared_ptr<Qp>> replay_qps_;  // QPs with a READ replay in progress
   std::vector<std::shared_ptr<Qp>> replay_scan_;
@@ -365,6 +367,10 @@ class Engine final : public TransportHooks {
   int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
   std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set
+  uint64_t defer_gap_ns_ = 0;                 // progress thread: current re-check gap
+  // The longest re-check gap of a busy-poll run: a packet that comes after the application
+  // stopped polling waits at most this long (under the 200 us probe timer's floor).
+  static constexpr uint64_t kDeferGapMaxNs = 160'000;
   // spare_core (progress thread only): /proc/loadavg, the CPUs we may use, the last answer.
   int loadavg_fd_ = -1;
   long ncpus_ = 1;

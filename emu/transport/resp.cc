@@ -112,8 +112,8 @@ Cq* resp_cq(const Qp& qp) {
 
 // ---- output ----
 
-// Into tx: the receive context's batch (e.rx_batch()), or for an ACK taken by a post
-// (resp_take_ack) the posting thread's.
+// Into tx: the receive context's batch (e.rx_batch()), or for a held ACK taken by a
+// requester run (resp_take_ack) that run's thread's.
 void queue_raw(Engine& e, Qp& qp, TxBatch& tx, const wire::PacketFields& f,
                const uint8_t* payload, uint32_t plen, MemAccess* mem = nullptr,
                uint64_t host = 0, bool* mem_ok = nullptr) {

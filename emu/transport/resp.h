@@ -28,12 +28,12 @@ enum class RespOutcome : uint8_t {
 RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const wire::RxDesc& d);
 
 // Sends the ACK the responder deferred for qp (ACK coalescing), if any. Called by the engine
-// at the end of each receive batch with now_ns, or 0 where ACKs are never held. True if the
-// ACK is held instead (RespState::ack_hold): the engine lists qp and calls resp_release_ack
-// when the hold ends. REQUIRES: receive lock; receive context.
-bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns = 0);
+// at the end of each receive batch with now_ns, or 0 where this batch holds no ACK. True if
+// the ACK is held instead (RespState::ack_hold): the engine lists qp and calls
+// resp_release_ack when the hold ends. REQUIRES: receive lock; receive context.
+bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns);
 
-// A held ACK's time is up: sends it if no post took it, and stops holding qp's ACKs.
+// A held ACK's time is up: sends it if no requester run took it, and stops holding qp's ACKs.
 // REQUIRES: receive lock; receive context.
 void resp_release_ack(Engine& e, Qp& qp);
 

@@ -407,6 +407,12 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns) {
   tb.join();
   EXPECT_EQ(peek_dma(&ina), static_cast<uint32_t>(kN));
   EXPECT_EQ(peek_dma(&inb), static_cast<uint32_t>(kN));
+  // Who received: b's progress thread took at least the first WRITE (b waits on memory from
+  // the start, before any poll of its), and only polls of an empty CQ count as rx_drain_poll
+  // (b's polls for its send completions, or none when its progress thread took everything).
+  EXPECT_GT(b.eng->counters().get(Ctr::kRxDrainProgress), 0u);
+  EXPECT_LE(a.eng->counters().get(Ctr::kRxDrainPoll) + a.eng->counters().get(Ctr::kRxDrainProgress),
+            a.eng->counters().get(Ctr::kRcvdPkts));
   // The peer goes away: a's retransmit timer must fire (from the spin or from epoll).
   b.eng->stop();
   outa = 0;

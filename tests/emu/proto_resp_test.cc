@@ -990,5 +990,37 @@ TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
   EXPECT_EQ(qp->comp_.ctr.get(Ctr::kAckOnPost), 0u);
 }
 
+// rx_drain_poll / rx_drain_progress count receive drains that got datagrams, by who ran them:
+// here every drain is the test thread's (no progress thread), one per datagram sent, and a
+// drain that found the socket empty counts nowhere.
+TEST(RxDrainCounters, CountDrainsWithDatagramsByWhoRanThem) {
+  wire::MemNetwork net;
+  Node s = Node::on_mem(net, "127.0.0.3");
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  auto qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  o.sq_psn = 500;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  GuardedBuf rbuf{4096};
+  auto mrb = s.mr(rbuf.data(), rbuf.n);
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
+  EXPECT_EQ(s.eng->poll_rx(), 0);
+  for (uint32_t k = 0; k < 3; ++k) {
+    wire::PacketFields f;
+    f.opcode = op::kRcSendOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = kEpsn + k;
+    f.ack_req = true;
+    p.send(f, bytes(8, 1));
+    EXPECT_EQ(s.eng->poll_rx(), 1);
+    EXPECT_EQ(s.eng->poll_rx(), 0);
+  }
+  EXPECT_EQ(s.eng->counters().get(Ctr::kRxDrainPoll), 3u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kRxDrainProgress), 0u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kRcvdPkts), 3u);
+}
+
 }  // namespace
 }  // namespace rnic::emu::test
