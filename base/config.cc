@@ -92,6 +92,15 @@ const VarDecl kVars[] = {
              "ends; at most 150, below the 200 us probe timer)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 150,
      .store = [](Config* c, const VarValue& v) { c->ack_hold_us = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_LINGER_US", .type = VarType::kU32, .default_text = "`5`",
+     .values = "0..100 (microseconds)",
+     .help = "with SOFTRNIC_ACK_HOLD_US: a poll_cq that received the ACK completing the last "
+             "work request of a ping-pong's QP waits this long for the peer's answer behind "
+             "it before it returns, so that an application that then waits on memory "
+             "(ib_write_lat) finds it there (counters linger_hit, linger_expired); on 2 cores "
+             "ib_write_lat p99 1.3-2 ms to 65-96 us (docs/progress.md; 0: never)",
+     .reader = "shim", .empty_is_error = true, .min = 0, .max = 100,
+     .store = [](Config* c, const VarValue& v) { c->linger_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

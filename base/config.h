@@ -62,6 +62,7 @@ inline constexpr uint32_t kDefaultBusyPollUs = 0;
 inline constexpr uint32_t kDefaultTxDefer = 1;
 // SOFTRNIC_ACK_HOLD_US default: how long an owed ACK waits for a post to carry it.
 inline constexpr uint32_t kDefaultAckHoldUs = 50;
+inline constexpr uint32_t kDefaultLingerUs = 5;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
@@ -76,6 +77,7 @@ struct Config {
   uint32_t busy_poll_us = kDefaultBusyPollUs;  // SOFTRNIC_BUSY_POLL_US (shim -> busy_poll_ns)
   uint32_t tx_defer = kDefaultTxDefer;       // SOFTRNIC_TX_DEFER (shim -> defer_inflight)
   uint32_t ack_hold_us = kDefaultAckHoldUs;  // SOFTRNIC_ACK_HOLD_US (shim -> ack_hold_ns)
+  uint32_t linger_us = kDefaultLingerUs;     // SOFTRNIC_LINGER_US (shim -> linger_ns)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
   std::string pcap;                          // SOFTRNIC_PCAP pattern, "%p" -> pid (services)

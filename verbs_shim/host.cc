@@ -195,6 +195,7 @@ int start_device(Host* h, const DaemonDevice* dd = nullptr, const daemon::Opened
   ec.busy_poll_ns = h->cfg_.busy_poll_us * 1000u;
   ec.defer_inflight = h->cfg_.tx_defer;
   ec.ack_hold_ns = h->cfg_.ack_hold_us * 1000ull;
+  ec.linger_ns = h->cfg_.linger_us * 1000ull;
   RNIC_LOG(kInfo, "device %s on %s: UDP GSO %s", dc.name.c_str(), dc.ip.c_str(),
            ec.gso ? "on" : "off (one datagram per packet)");
   emu::Result<std::shared_ptr<emu::Engine>> e = emu::Errc::kInval;

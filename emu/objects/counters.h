@@ -82,6 +82,9 @@ enum class Ctr : uint8_t {
                         // the progress thread (its epoll wake-up or spin)
   kRxDrainPoll,         // rx_drain_poll (ours): receive drains that got datagrams, run by an
                         // application thread (poll_cq on an empty CQ)
+  kLingerHit,           // linger_hit (ours): a poll_cq drain that waited for the answer
+                        // behind a ping-pong's ACK got it (Engine::linger_rx)
+  kLingerExpired,       // linger_expired (ours): ... and gave up (EngineConfig::linger_ns)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

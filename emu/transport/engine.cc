@@ -446,8 +446,18 @@ int Engine::drain_locked(int budget) {
   CqEventHold events;
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) drain_fault_rx_locked();
+  uint64_t linger_end = 0;
+  linger_qp_ = nullptr;
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
+    if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults) {
+      // The answer behind the ACK just handled (linger_rx): look again, for a while.
+      const uint64_t now = wire::monotonic_ns();
+      if (linger_end == 0) linger_end = now + cfg_.linger_ns;
+      if (now < linger_end) continue;
+      linger_qp_ = nullptr;
+      ctr_.add(Ctr::kLingerExpired);
+    }
     if (n <= 0) {
       if (replay_qps_.empty()) break;
       // Nothing received: the next slice of each READ replay, then look again.
@@ -466,6 +476,10 @@ int Engine::drain_locked(int budget) {
       });
     }
     total += n;
+    if (linger_end != 0) {  // lingered, and something came (the answer, mostly)
+      linger_end = 0;
+      ctr_.add(Ctr::kLingerHit);
+    }
     if (faults) drain_fault_rx_locked();
     flush_acks_locked();
     run_replays_locked();
@@ -747,6 +761,7 @@ void Engine::take_ack(Qp& qp, TxBatch& tx) {
   }
   if (resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns))
     bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
+  qp.req_.answers = qp.resp_.ack_hold;
 }
 
 void Engine::on_post_send(Qp& qp) {

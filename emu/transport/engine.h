@@ -112,6 +112,10 @@ struct EngineConfig {
   // run_timers sends a held ACK no post took (the progress thread's timerfd, or a test's
   // hand). 0 = off (the default here, for tests that drive packets by hand).
   uint64_t ack_hold_ns = 0;
+  // With ack_hold_ns: an application thread's receive (poll_cq) that handled the ACK of a
+  // ping-pong's last message waits at most this long for the answer behind it before it
+  // returns (Engine::linger_rx). 0 = never.
+  uint64_t linger_ns = 5'000;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -246,6 +250,19 @@ class Engine final : public TransportHooks {
   // Before a requester run's first packet (req.cc): the ACK qp's responder owes goes first
   // (EngineConfig::ack_hold_ns; engine.cc). REQUIRES: qp's send lock.
   void take_ack(Qp& qp, TxBatch& tx);
+  // In the receive context, for the batch in progress: an ACK completed the last WQE of a QP
+  // in a ping-pong (ReqState::answers), so the peer's next request comes right behind it (in
+  // the same sendmmsg when the peer's post carried the ACK). An application thread's drain (poll_cq) that finds the
+  // socket empty then looks again for up to linger_ns instead of returning: ib_write_lat
+  // leaves poll_cq with its send completion and waits on memory, and the request it waits
+  // for would otherwise be the progress thread's (a wake-up, and its ACK goes alone).
+  void linger_rx(const Qp& qp) {
+    if (cfg_.linger_ns != 0) linger_qp_ = &qp;
+  }
+  // A request for qp came in this batch: a linger for it is over (the answer is here).
+  void answer_came(const Qp& qp) {
+    if (linger_qp_ == &qp) linger_qp_ = nullptr;
+  }
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
 
@@ -367,6 +384,7 @@ class Engine final : public TransportHooks {
   int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
   std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set
+  const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   uint64_t defer_gap_ns_ = 0;                 // progress thread: current re-check gap
   // The longest re-check gap of a busy-poll run: a packet that comes after the application
   // stopped polling waits at most this long (under the 200 us probe timer's floor).

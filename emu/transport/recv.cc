@@ -289,6 +289,7 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
                opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
                p.payload_len);
     out = resp_on_packet(e, qp, p, d);
+    e.answer_came(qp);  // the answer a linger_rx waits for, if it is this QP's
     // Only a packet that passed every transport check may take the strict-source latch.
     if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(qp, d);
     if (qp.resp_.tm_pend.valid) {
@@ -349,7 +350,11 @@ void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Pack
   // unacknowledged PSN moved (comp.cc); only then may it latch the strict source port.
   const uint32_t acked_before = qp.comp_.psn;
   comp_on_packet(e, qp, p);
-  if (a == AddrCheck::kOkUnlatched && qp.comp_.psn != acked_before) latch_src(qp, d);
+  if (qp.comp_.psn != acked_before) {
+    if (a == AddrCheck::kOkUnlatched) latch_src(qp, d);
+    // The ACK of a ping-pong's last message: the peer's answer follows it in one sendmmsg.
+    if (qp.req_.answers && qp.sq().empty()) e.linger_rx(qp);
+  }
 }
 
 // A datagram to the multicast QPN (IBA 10.5.2): one copy to every UD QP of this device

@@ -224,6 +224,12 @@ TEST(Config, AckHoldIsMicrosecondsUpTo150Default50) {
                  {"151", "-1", "50us", ""});
 }
 
+TEST(Config, LingerIsMicrosecondsUpTo100Default5) {
+  EXPECT_EQ(Config{}.linger_us, 5u);
+  expect_u32_var("SOFTRNIC_LINGER_US", &Config::linger_us, {"0", "1", "5", "100"},
+                 {"101", "-1", "5us", ""});
+}
+
 // Names are exact; keyword values fold case; free-form values keep it.
 TEST(Config, CaseFoldingRule) {
   Config c;

@@ -355,10 +355,11 @@ std::pair<std::shared_ptr<Qp>, std::shared_ptr<Qp>> ping_pong_qps(Node& a, Node&
 // received by the peer's progress thread. Every byte arrives, each side polls only its send
 // CQ; then, with the peer's engine stopped, a's retransmit timer still fires (RETRY_EXC_ERR
 // after retry_cnt retries).
-void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns) {
+void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_ns = 0) {
   EngineConfig ec;
   ec.spin_ns = spin_ns;
   ec.busy_poll_ns = busy_poll_ns;
+  ec.ack_hold_ns = ack_hold_ns;
   Pair p(ec);
   Node& a = p.a;
   Node& b = p.b;
@@ -436,6 +437,9 @@ TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) { write_ping_pong(20
 // poller that stopped would never see it: the 10 s wait fails).
 TEST(BusyPollTest, WritePingPongWaitingOnMemoryAfterPolling) { write_ping_pong(0, 20'000); }
 TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20'000); }
+// ACKs ride posts and a poll_cq that gets a ping-pong's ACK lingers for the answer behind it
+// (ack_hold_ns, linger_ns): with both progress threads, every byte still arrives in order.
+TEST(AckHoldTest, WritePingPongWaitingOnMemoryWithHoldAndLinger) { write_ping_pong(0, 0, 50'000); }
 
 // ACKs ride posts (EngineConfig::ack_hold_ns, SOFTRNIC_ACK_HOLD_US) in a SEND ping-pong over
 // real UDP with both progress threads running, each side polling its receive CQ (as

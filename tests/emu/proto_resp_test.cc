@@ -734,11 +734,15 @@ TEST_F(RespTest, UcBadRkeyIsDroppedQpStaysRts) {
 // The device's application answers the peer's SENDs with SENDs of its own on the same QP.
 // A hold of an hour, so that "a post soon after the ACK" never depends on this machine's speed;
 // the timers are fired by hand.
-class AckHoldTest : public ::testing::Test {
+// kLingerNs: EngineConfig::linger_ns (LingerTest sets 10 s: a linger that should not happen
+// then takes 10 s and counts linger_expired, which the test sees).
+template <uint64_t kLingerNs>
+class HoldFixture : public ::testing::Test {
  protected:
   static EngineConfig hold_config() {
     EngineConfig ec;
     ec.ack_hold_ns = 3'600'000'000'000ull;
+    ec.linger_ns = kLingerNs;
     return ec;
   }
   wire::MemNetwork net;
@@ -796,7 +800,38 @@ class AckHoldTest : public ::testing::Test {
     s.eng->poll_rx();
     return p.recv_all();
   }
+  uint64_t dev_ctr(Ctr c) { return s.eng->counters().get(c); }
+  // The peer's ACK of the device's SEND at psn (not yet received).
+  void peer_ack(uint32_t psn) {
+    wire::PacketFields a;
+    a.opcode = op::kRcAcknowledge;
+    a.dest_qp = qp->qpn();
+    a.psn = psn;
+    a.syndrome = aeth::ack(aeth::kCreditInvalid);
+    a.msn = ++peer_msn;
+    p.send(a);
+  }
+  // The peer's SEND at psn (not yet received).
+  void peer_send_only(uint32_t psn) {
+    wire::PacketFields f;
+    f.opcode = op::kRcSendOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = psn;
+    f.ack_req = true;
+    p.send(f, bytes(16, static_cast<uint8_t>(psn)));
+  }
+  // A ping-pong under way: the peer's SEND, the application's answer (posted, not yet
+  // acknowledged by the peer); the device's SEND's PSN.
+  uint32_t ping_pong_answered() {
+    peer_send(kEpsn);
+    EXPECT_TRUE(post(qp, send_wr(WrOpcode::kSend, 1, {sge(sbuf.data(), 32, msb)})).is_ok());
+    auto out = p.recv_all();
+    EXPECT_EQ(out.size(), 1u);
+    return out.empty() ? 0 : out.back().psn();
+  }
 };
+using AckHoldTest = HoldFixture<5'000>;
+using LingerTest = HoldFixture<10'000'000'000ull>;
 
 TEST_F(AckHoldTest, AckRidesTheAnswerOnceTheApplicationAnswers) {
   // Given a QP whose application has not answered yet: the ACK goes when the batch ends.
@@ -955,6 +990,65 @@ TEST_F(AckHoldTest, ANakIsNeverHeldAndGoesAfterTheHeldAck) {
   EXPECT_EQ(out[0].syndrome(), aeth::ack(aeth::kCreditInvalid));
   EXPECT_EQ(out[0].psn(), kEpsn + 1);
   EXPECT_EQ(out[1].syndrome(), aeth::nak(aeth::kNakPsnSeqError));
+}
+
+// Linger (Engine::linger_rx): a poll_cq drain that handles the ACK completing the last WQE
+// of a ping-pong's QP waits for the peer's answer behind it; here the answer comes only once
+// the send completion is there (another thread waits for it), so without the linger the
+// drain would return with one datagram.
+TEST_F(LingerTest, ADrainWaitsForTheAnswerBehindAPingPongsAck) {
+  const uint32_t psn = ping_pong_answered();
+  drain_cq(*s.rcq);
+  peer_ack(psn);
+  std::thread peer([&] {
+    auto c = poll_n(*s.scq, 1, 20000);
+    EXPECT_EQ(c.size(), 1u);
+    peer_send_only(kEpsn + 1);
+  });
+  const int got = s.eng->poll_rx();
+  peer.join();
+  EXPECT_EQ(got, 2);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 1u);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 0u);
+  auto rc = drain_cq(*s.rcq);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+}
+
+// The answer came in the ACK's own batch (the peer's post carried the ACK): no linger.
+TEST_F(LingerTest, NoLingerWhenTheAnswerCameWithTheAck) {
+  const uint32_t psn = ping_pong_answered();
+  peer_ack(psn);
+  peer_send_only(kEpsn + 1);
+  EXPECT_EQ(s.eng->poll_rx(), 2);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 0u);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 0u);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+// A QP whose application does not answer its peer (it sends first, nothing came): its ACK is
+// not a ping-pong's, the drain returns at once.
+TEST_F(LingerTest, NoLingerForAQpNotInAPingPong) {
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 1, {sge(sbuf.data(), 32, msb)})).is_ok());
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  peer_ack(out[0].psn());
+  EXPECT_EQ(s.eng->poll_rx(), 1);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit) + dev_ctr(Ctr::kLingerExpired), 0u);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+// No answer within linger_ns (5 us): the drain gives up and returns; the answer, when it
+// comes, is received by the next drain.
+TEST_F(AckHoldTest, LingerGivesUpWhenNoAnswerComes) {
+  const uint32_t psn = ping_pong_answered();
+  peer_ack(psn);
+  EXPECT_EQ(s.eng->poll_rx(), 1);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 1u);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 0u);
+  peer_send_only(kEpsn + 1);
+  EXPECT_EQ(s.eng->poll_rx(), 1);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 1u);
 }
 
 TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
