@@ -34,9 +34,9 @@ struct ReqState {
   uint32_t max_rd_atomic = 1;    // initiator depth (attr max_rd_atomic, at least 1)
   uint32_t mtu = 256;            // path MTU bytes (RC/UC: attr; UD: port active MTU)
   bool rnr_wait = false;         // blocked until the RNR timer fires (completer)
-  // At the last requester run, this QP's responder held its ACKs for the posts
-  // (RespState::ack_hold: the application answers its peer's messages): a ping-pong, whose
-  // peer answers right behind its ACK (Engine::linger_rx). Send lock.
+  // The last requester run answered a message of the peer (an ACK was owed for it, or went
+  // less than ack_hold_ns before): a ping-pong, whose peer answers right behind its ACK
+  // (Engine::linger_rx). Set by each run (Engine::take_ack). Send lock.
   bool answers = false;
   wire::Endpoint dst;            // RC/UC peer (from the QP's AV)
   wire::IpUdpMeta meta;          // ICRC metadata towards dst (RC/UC)

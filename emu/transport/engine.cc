@@ -265,9 +265,15 @@ void Engine::progress_loop() {
       // Else watch the socket again (level-triggered: anything that arrived meanwhile wakes
       // us at once), drain it now, and start again from busy_poll_ns.
       const uint64_t last = inline_poll_ns_.load(std::memory_order_acquire);
-      if (wire::monotonic_ns() - last < cfg_.busy_poll_ns) {
-        defer_gap_ns_ = std::min<uint64_t>(std::max<uint64_t>(defer_gap_ns_, cfg_.busy_poll_ns) * 2,
-                                           std::max<uint64_t>(cfg_.busy_poll_ns, kDeferGapMaxNs));
+      const uint64_t since = wire::monotonic_ns() - last;
+      if (since < cfg_.busy_poll_ns) {
+        // A poll in the last quarter of busy_poll_ns: the polls go on, look twice as late
+        // next time. An earlier one (it polled a while, then stopped: ib_write_lat waiting
+        // on memory): look again busy_poll_ns after it, as always.
+        defer_gap_ns_ = since < cfg_.busy_poll_ns / 4
+                            ? std::min<uint64_t>(std::max<uint64_t>(defer_gap_ns_, cfg_.busy_poll_ns) * 2,
+                                                 std::max<uint64_t>(cfg_.busy_poll_ns, kDeferGapMaxNs))
+                            : cfg_.busy_poll_ns;
         arm_defer(last + defer_gap_ns_);
       } else {
         defer_gap_ns_ = cfg_.busy_poll_ns;
@@ -450,12 +456,15 @@ int Engine::drain_locked(int budget) {
   linger_qp_ = nullptr;
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
-    if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults) {
-      // The answer behind the ACK just handled (linger_rx): look again, for a while.
+    if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
+        replay_qps_.empty()) {
+      // The answer behind the ACK just handled (linger_rx): look again, for at most
+      // linger_ns from the first empty look (other datagrams meanwhile do not extend it).
       const uint64_t now = wire::monotonic_ns();
       if (linger_end == 0) linger_end = now + cfg_.linger_ns;
       if (now < linger_end) continue;
       linger_qp_ = nullptr;
+      linger_end = 0;
       ctr_.add(Ctr::kLingerExpired);
     }
     if (n <= 0) {
@@ -476,11 +485,11 @@ int Engine::drain_locked(int budget) {
       });
     }
     total += n;
-    if (linger_end != 0) {  // lingered, and something came (the answer, mostly)
+    if (faults) drain_fault_rx_locked();
+    if (linger_end != 0 && linger_qp_ == nullptr) {  // the answer came (answer_came)
       linger_end = 0;
       ctr_.add(Ctr::kLingerHit);
     }
-    if (faults) drain_fault_rx_locked();
     flush_acks_locked();
     run_replays_locked();
     flush(*rx_tx_);
@@ -755,13 +764,13 @@ bool Engine::defer_post(Qp& qp) const {
 void Engine::take_ack(Qp& qp, TxBatch& tx) {
   if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return;
   std::lock_guard lk(qp.recv_mutex());
+  qp.req_.answers = false;
   if (t_drain_engine == this && qp.resp_.ack_listed) {
     if (resp_send_owed_ack(*this, qp)) flush(*rx_tx_);
     return;
   }
-  if (resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns))
+  if (resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns, &qp.req_.answers))
     bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
-  qp.req_.answers = qp.resp_.ack_hold;
 }
 
 void Engine::on_post_send(Qp& qp) {

@@ -24,7 +24,7 @@
 //    out of the progress thread's epoll set and arms a timerfd, so a busy-polling app is not
 //    interrupted by a progress-thread wake per packet. When no poll happened for
 //    busy_poll_ns at a re-check the progress thread watches the socket again and drains it;
-//    while the polls go on, each re-check comes twice as late as the last (at most 160 us).
+//    while the polls go on, each re-check comes twice as late as the last (at most 100 us).
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
 //    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin),
 //    if the machine's runnable threads leave a CPU spare (spare_core).
@@ -79,7 +79,7 @@ struct EngineConfig {
   bool gro = true;
   // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
   // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
-  // such poll, then at doubling gaps (at most 160 us) while the polls go on (timers still
+  // such poll, then at doubling gaps (at most 100 us) while the polls go on (timers still
   // run); an app that stops polling (ib_write_lat waits on memory) has its packets received
   // by the progress thread at most one gap later. 0 = the
   // progress thread always receives (the default here and in the shim, SOFTRNIC_BUSY_POLL_US:
@@ -388,7 +388,7 @@ class Engine final : public TransportHooks {
   uint64_t defer_gap_ns_ = 0;                 // progress thread: current re-check gap
   // The longest re-check gap of a busy-poll run: a packet that comes after the application
   // stopped polling waits at most this long (under the 200 us probe timer's floor).
-  static constexpr uint64_t kDeferGapMaxNs = 160'000;
+  static constexpr uint64_t kDeferGapMaxNs = 100'000;
   // spare_core (progress thread only): /proc/loadavg, the CPUs we may use, the last answer.
   int loadavg_fd_ = -1;
   long ncpus_ = 1;

@@ -1227,8 +1227,13 @@ bool resp_send_owed_ack(Engine& e, Qp& qp) {
   return true;
 }
 
-bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns) {
+bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns,
+                   bool* answering) {
   RespState& s = qp.resp_;
+  // This run answers a message of the peer: an ACK is owed for it, or went a moment ago.
+  const bool answers =
+      s.ack_pending || (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns);
+  if (answering != nullptr) *answering = answers && s.ready && !qp.comp_.dead;
   if (!s.ready || qp.comp_.dead) return false;
   // Only a held ACK: its batch has ended and sent everything built before it. One still
   // listed belongs to a batch in progress, whose responses for this QP (queued in the
@@ -1236,8 +1241,7 @@ bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hol
   if (!s.ack_pending || !s.ack_held || s.ack_listed) {
     // An ACK owed, or one that went alone a moment ago: the application answers; hold the
     // next one.
-    if (s.ack_pending || (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns))
-      s.ack_hold = true;
+    if (answers) s.ack_hold = true;
     return false;
   }
   emit_pending_ack(e, qp, tx);  // ack_held stays: the held list finds nothing owed

@@ -45,7 +45,10 @@ void resp_release_ack(Engine& e, Qp& qp);
 // CqEventHold). An ACK still listed in a receive batch is left to that batch. A post that
 // finds an ACK owed, or comes less than hold_ns after one went alone, turns holding on for
 // qp. True if an ACK is now in tx. REQUIRES: receive lock (any context).
-bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns);
+// *answering (if given): this run answers a message of the peer (an ACK was owed, or went
+// less than hold_ns ago), as ReqState::answers wants it.
+bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hold_ns,
+                   bool* answering = nullptr);
 
 // The ACK owed by qp in the receive batch this thread is running, into that batch now (the
 // caller flushes it before its requests). True if one was owed. REQUIRES: receive lock;

@@ -734,14 +734,15 @@ TEST_F(RespTest, UcBadRkeyIsDroppedQpStaysRts) {
 // The device's application answers the peer's SENDs with SENDs of its own on the same QP.
 // A hold of an hour, so that "a post soon after the ACK" never depends on this machine's speed;
 // the timers are fired by hand.
-// kLingerNs: EngineConfig::linger_ns (LingerTest sets 10 s: a linger that should not happen
-// then takes 10 s and counts linger_expired, which the test sees).
-template <uint64_t kLingerNs>
+// kHoldNs, kLingerNs: EngineConfig::ack_hold_ns, linger_ns (LingerTest's linger is 10 s: a
+// linger that should not happen then takes 10 s and counts linger_expired, which the test
+// sees).
+template <uint64_t kHoldNs, uint64_t kLingerNs>
 class HoldFixture : public ::testing::Test {
  protected:
   static EngineConfig hold_config() {
     EngineConfig ec;
-    ec.ack_hold_ns = 3'600'000'000'000ull;
+    ec.ack_hold_ns = kHoldNs;
     ec.linger_ns = kLingerNs;
     return ec;
   }
@@ -830,8 +831,10 @@ class HoldFixture : public ::testing::Test {
     return out.empty() ? 0 : out.back().psn();
   }
 };
-using AckHoldTest = HoldFixture<5'000>;
-using LingerTest = HoldFixture<10'000'000'000ull>;
+constexpr uint64_t kHourNs = 3'600'000'000'000ull;
+using AckHoldTest = HoldFixture<kHourNs, 5'000>;
+using LingerTest = HoldFixture<kHourNs, 10'000'000'000ull>;
+using LingerEndTest = HoldFixture<50'000'000, 1'000'000>;  // hold 50 ms, linger 1 ms
 
 TEST_F(AckHoldTest, AckRidesTheAnswerOnceTheApplicationAnswers) {
   // Given a QP whose application has not answered yet: the ACK goes when the batch ends.
@@ -1001,8 +1004,12 @@ TEST_F(LingerTest, ADrainWaitsForTheAnswerBehindAPingPongsAck) {
   drain_cq(*s.rcq);
   peer_ack(psn);
   std::thread peer([&] {
-    auto c = poll_n(*s.scq, 1, 20000);
-    EXPECT_EQ(c.size(), 1u);
+    // Wait for the send completion without polling the CQ (a poll of an empty CQ would
+    // receive itself, and could take the ACK from the main thread's drain).
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (s.scq->count() == 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::yield();
+    EXPECT_EQ(s.scq->count(), 1u);
     peer_send_only(kEpsn + 1);
   });
   const int got = s.eng->poll_rx();
@@ -1010,6 +1017,7 @@ TEST_F(LingerTest, ADrainWaitsForTheAnswerBehindAPingPongsAck) {
   EXPECT_EQ(got, 2);
   EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 1u);
   EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 0u);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
   auto rc = drain_cq(*s.rcq);
   ASSERT_EQ(rc.size(), 1u);
   EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
@@ -1036,6 +1044,36 @@ TEST_F(LingerTest, NoLingerForAQpNotInAPingPong) {
   EXPECT_EQ(s.eng->poll_rx(), 1);
   EXPECT_EQ(dev_ctr(Ctr::kLingerHit) + dev_ctr(Ctr::kLingerExpired), 0u);
   EXPECT_EQ(drain_cq(*s.scq).size(), 1u);
+}
+
+// The ping-pong ended: the application goes on posting, but not in answer to anything (the
+// peer sends no more requests, the last ACK it was owed rode a post). Those posts' ACKs are
+// not a ping-pong's: no linger. (Holding stays on for the QP: nothing owed ever expires.)
+TEST_F(LingerEndTest, NoLingerOncePostsNoLongerAnswer) {
+  const uint32_t psn = ping_pong_answered();
+  peer_ack(psn);
+  peer_send_only(kEpsn + 1);  // with the ACK: the answer, whose ACK is held
+  EXPECT_EQ(s.eng->poll_rx(), 2);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired) + dev_ctr(Ctr::kLingerHit), 0u);
+  // The application answers again; its post takes the held ACK.
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 2, {sge(sbuf.data(), 32, msb)})).is_ok());
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  // That answer's ACK comes alone: its drain waits 1 ms for an answer that never comes.
+  peer_ack(out[1].psn());
+  EXPECT_EQ(s.eng->poll_rx(), 1);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 1u);
+  // Later than the hold, a one-way SEND: its ACK's drain returns at once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 3, {sge(sbuf.data(), 32, msb)})).is_ok());
+  out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  peer_ack(out[0].psn());
+  EXPECT_EQ(s.eng->poll_rx(), 1);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 1u);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 0u);
+  EXPECT_EQ(drain_cq(*s.scq).size(), 3u);
 }
 
 // No answer within linger_ns (5 us): the drain gives up and returns; the answer, when it

@@ -154,8 +154,10 @@ done
 # rdma_listen (the server was between its control and its data connection): rejected with
 # reason 8. That is start-up order too, but only a new pair can retry it: the server waits
 # in its listen for good. The failed try's output is shown, not dropped.
-if [ "$tries" = 1 ] && [ "$crc" -ne 0 ] && grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" &&
-   [ "$pair_try" -lt 3 ]; then
+# Only a server that listened and is still waiting (alive) is retried: one that crashed or
+# exited (its second listen never came) is a result, not start-up order.
+if [ "$tries" = 1 ] && [ "$up" = 1 ] && [ "$crc" -ne 0 ] && kill -0 "$spid" 2>/dev/null &&
+   grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && [ "$pair_try" -lt 3 ]; then
   kill "$spid" 2>/dev/null
   wait "$spid"
   src=$?
