@@ -454,6 +454,7 @@ int Engine::drain_locked(int budget) {
   if (faults) drain_fault_rx_locked();
   uint64_t linger_end = 0;
   linger_qp_ = nullptr;
+  linger_more_ = false;
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
     if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
@@ -489,7 +490,10 @@ int Engine::drain_locked(int budget) {
     if (linger_end != 0 && linger_qp_ == nullptr) {  // the answer came (answer_came)
       linger_end = 0;
       ctr_.add(Ctr::kLingerHit);
+    } else if (linger_more_) {  // part of it came: a new window for the rest
+      linger_end = 0;
     }
+    linger_more_ = false;
     flush_acks_locked();
     run_replays_locked();
     flush(*rx_tx_);

@@ -259,9 +259,16 @@ class Engine final : public TransportHooks {
   void linger_rx(const Qp& qp) {
     if (cfg_.linger_ns != 0) linger_qp_ = &qp;
   }
-  // A request for qp came in this batch: a linger for it is over (the answer is here).
-  void answer_came(const Qp& qp) {
-    if (linger_qp_ == &qp) linger_qp_ = nullptr;
+  // A request packet for qp came in this batch. The last packet of a message ends a linger
+  // for qp (the answer is here); an earlier one (a multi-packet answer, ib_write_lat 64 KiB)
+  // gives the rest of it a new window.
+  void answer_came(const Qp& qp, bool ends_message) {
+    if (linger_qp_ != &qp) return;
+    if (ends_message) {
+      linger_qp_ = nullptr;
+    } else {
+      linger_more_ = true;
+    }
   }
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
@@ -385,6 +392,7 @@ class Engine final : public TransportHooks {
   std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
+  bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
   uint64_t defer_gap_ns_ = 0;                 // progress thread: current re-check gap
   // The longest re-check gap of a busy-poll run: a packet that comes after the application
   // stopped polling waits at most this long (under the 200 us probe timer's floor).

@@ -289,7 +289,7 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
                opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
                p.payload_len);
     out = resp_on_packet(e, qp, p, d);
-    e.answer_came(qp);  // the answer a linger_rx waits for, if it is this QP's
+    e.answer_came(qp, (p.info->mask & wire::kEndMask) != 0);  // what a linger_rx waits for
     // Only a packet that passed every transport check may take the strict-source latch.
     if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(qp, d);
     if (qp.resp_.tm_pend.valid) {

@@ -1023,6 +1023,44 @@ TEST_F(LingerTest, ADrainWaitsForTheAnswerBehindAPingPongsAck) {
   EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
 }
 
+// A multi-packet answer (an RDMA WRITE of two packets, as ib_write_lat 64 KiB): its first
+// packet does not end the wait; the rest gets a new window, and the drain returns with the
+// whole message (here the last packet comes 20 ms after the first).
+TEST_F(LingerTest, AMultiPacketAnswerIsWaitedForToItsLastPacket) {
+  const uint32_t psn = ping_pong_answered();
+  drain_cq(*s.rcq);
+  peer_ack(psn);
+  std::vector<uint8_t> data(1024 + 100);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 1);
+  const uint64_t va = reinterpret_cast<uint64_t>(rbuf.data() + 4096);
+  std::thread peer([&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (s.scq->count() == 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::yield();
+    wire::PacketFields f;
+    f.opcode = op::kRcRdmaWriteFirst;
+    f.dest_qp = qp->qpn();
+    f.psn = kEpsn + 1;
+    f.va = va;
+    f.rkey = mrb->rkey();
+    f.dma_len = static_cast<uint32_t>(data.size());
+    p.send(f, std::vector<uint8_t>(data.begin(), data.begin() + 1024));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    wire::PacketFields l;
+    l.opcode = op::kRcRdmaWriteLast;
+    l.dest_qp = qp->qpn();
+    l.psn = kEpsn + 2;
+    l.ack_req = true;
+    p.send(l, std::vector<uint8_t>(data.begin() + 1024, data.end()));
+  });
+  const int got = s.eng->poll_rx();
+  peer.join();
+  EXPECT_EQ(got, 3);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerHit), 1u);
+  EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 0u);
+  EXPECT_EQ(std::memcmp(rbuf.data() + 4096, data.data(), data.size()), 0);
+}
+
 // The answer came in the ACK's own batch (the peer's post carried the ACK): no linger.
 TEST_F(LingerTest, NoLingerWhenTheAnswerCameWithTheAck) {
   const uint32_t psn = ping_pong_answered();
