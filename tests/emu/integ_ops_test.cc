@@ -525,7 +525,26 @@ TEST(AckHoldTest, SendPingPongAcksRidePosts) {
     EXPECT_EQ(b_sent[i].wr_id, 0x10001u + i);
   }
   const uint64_t rode = a.eng->counters().get(Ctr::kAckOnPost) + b.eng->counters().get(Ctr::kAckOnPost);
-  EXPECT_GT(rode, 0u) << "no ACK rode a post";
+  auto both = [&](Ctr c) {
+    return std::to_string(a.eng->counters().get(c)) + "/" + std::to_string(b.eng->counters().get(c));
+  };
+  const std::string seen = "(a/b: drains by poll " + both(Ctr::kRxDrainPoll) +
+                           ", by the progress thread " + both(Ctr::kRxDrainProgress) +
+                           ", lingers " + both(Ctr::kLingerHit) + " hit " +
+                           both(Ctr::kLingerExpired) + " expired, holds expired " +
+                           both(Ctr::kAckHoldExpired) + ")";
+  // Only a receive run by an application thread holds an ACK. Under TSan on a loaded CI
+  // machine the progress threads sometimes take nearly every message (2c8fabc's CI: 0-11 of
+  // ~1,000 drains by polls, no ACK rode a post), and then there is nothing to check here;
+  // holding itself is checked deterministically in proto_resp_test's AckHoldTest.*.
+  const uint64_t by_poll =
+      a.eng->counters().get(Ctr::kRxDrainPoll) + b.eng->counters().get(Ctr::kRxDrainPoll);
+  if (by_poll >= 100) {
+    EXPECT_GT(rode, 0u) << "no ACK rode a post " << seen;
+  } else {
+    std::fprintf(stderr, "note: ACK riding not checked: the polls received too little %s\n",
+                 seen.c_str());
+  }
 }
 
 // A receiver whose port has a filter (capture / fault mode) gets GRO buffers split into
