@@ -782,13 +782,7 @@ class HoldFixture : public ::testing::Test {
     auto out = p.recv_all();
     for (const Captured& c : out) {
       if (c.opcode() != op::kRcSendOnly) continue;
-      wire::PacketFields a;
-      a.opcode = op::kRcAcknowledge;
-      a.dest_qp = qp->qpn();
-      a.psn = c.psn();
-      a.syndrome = aeth::ack(aeth::kCreditInvalid);
-      a.msn = ++peer_msn;
-      p.send(a);
+      peer_ack(c.psn());
       s.eng->poll_rx();
     }
     return out;
@@ -811,6 +805,14 @@ class HoldFixture : public ::testing::Test {
     a.syndrome = aeth::ack(aeth::kCreditInvalid);
     a.msn = ++peer_msn;
     p.send(a);
+  }
+  // Waits (20 s at most) for the device's send completion without polling the CQ: a poll of
+  // an empty CQ would receive itself, and could take the ACK from the main thread's drain.
+  void wait_for_send_cqe() {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (s.scq->count() == 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::yield();
+    EXPECT_EQ(s.scq->count(), 1u);
   }
   // The peer's SEND at psn (not yet received).
   void peer_send_only(uint32_t psn) {
@@ -1004,12 +1006,7 @@ TEST_F(LingerTest, ADrainWaitsForTheAnswerBehindAPingPongsAck) {
   drain_cq(*s.rcq);
   peer_ack(psn);
   std::thread peer([&] {
-    // Wait for the send completion without polling the CQ (a poll of an empty CQ would
-    // receive itself, and could take the ACK from the main thread's drain).
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (s.scq->count() == 0 && std::chrono::steady_clock::now() < end)
-      std::this_thread::yield();
-    EXPECT_EQ(s.scq->count(), 1u);
+    wait_for_send_cqe();
     peer_send_only(kEpsn + 1);
   });
   const int got = s.eng->poll_rx();
@@ -1034,9 +1031,7 @@ TEST_F(LingerTest, AMultiPacketAnswerIsWaitedForToItsLastPacket) {
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 1);
   const uint64_t va = reinterpret_cast<uint64_t>(rbuf.data() + 4096);
   std::thread peer([&] {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (s.scq->count() == 0 && std::chrono::steady_clock::now() < end)
-      std::this_thread::yield();
+    wait_for_send_cqe();
     wire::PacketFields f;
     f.opcode = op::kRcRdmaWriteFirst;
     f.dest_qp = qp->qpn();
@@ -1127,27 +1122,40 @@ TEST_F(AckHoldTest, LingerGivesUpWhenNoAnswerComes) {
   EXPECT_EQ(dev_ctr(Ctr::kLingerExpired), 1u);
 }
 
-TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
-  EXPECT_EQ(EngineConfig{}.ack_hold_ns, 0u);
+// An RC QP of a default engine (no progress thread) connected to a raw peer, with 3 receive
+// WQEs of 512 B.
+struct DefaultRcQp {
   wire::MemNetwork net;
   Node s = Node::on_mem(net, "127.0.0.3");
   Peer p{net, "127.0.0.2", "127.0.0.3"};
-  auto qp = s.qp(QpType::kRc);
-  ConnOpts o;
-  o.rq_psn = kEpsn;
-  o.sq_psn = 500;
-  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  std::shared_ptr<Qp> qp = s.qp(QpType::kRc);
   GuardedBuf rbuf{4096};
-  auto mrb = s.mr(rbuf.data(), rbuf.n);
-  for (uint64_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
-  for (uint32_t k = 0; k < 3; ++k) {
+  std::shared_ptr<Mr> mrb = s.mr(rbuf.data(), rbuf.n);
+  DefaultRcQp() {
+    ConnOpts o;
+    o.rq_psn = kEpsn;
+    o.sq_psn = 500;
+    connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+    for (uint64_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
+  }
+  // The peer's 8-byte SEND at kEpsn + k (AckReq), not yet received.
+  void peer_send(uint32_t k) {
     wire::PacketFields f;
     f.opcode = op::kRcSendOnly;
     f.dest_qp = qp->qpn();
     f.psn = kEpsn + k;
     f.ack_req = true;
     p.send(f, bytes(8, 1));
+  }
+};
+
+TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
+  EXPECT_EQ(EngineConfig{}.ack_hold_ns, 0u);
+  DefaultRcQp d;
+  auto& [net, s, p, qp, rbuf, mrb] = d;
+  for (uint32_t k = 0; k < 3; ++k) {
+    d.peer_send(k);
     s.eng->poll_rx();
     auto out = p.recv_all();
     ASSERT_EQ(out.size(), 1u) << k;
@@ -1164,26 +1172,11 @@ TEST(AckHoldDefault, EngineNeverHoldsAcksByDefault) {
 // here every drain is the test thread's (no progress thread), one per datagram sent, and a
 // drain that found the socket empty counts nowhere.
 TEST(RxDrainCounters, CountDrainsWithDatagramsByWhoRanThem) {
-  wire::MemNetwork net;
-  Node s = Node::on_mem(net, "127.0.0.3");
-  Peer p{net, "127.0.0.2", "127.0.0.3"};
-  auto qp = s.qp(QpType::kRc);
-  ConnOpts o;
-  o.rq_psn = kEpsn;
-  o.sq_psn = 500;
-  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
-  GuardedBuf rbuf{4096};
-  auto mrb = s.mr(rbuf.data(), rbuf.n);
-  for (uint64_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(post_recv(qp, i, {sge(rbuf.data() + 512 * i, 512, mrb)}).is_ok());
+  DefaultRcQp d;
+  Node& s = d.s;
   EXPECT_EQ(s.eng->poll_rx(), 0);
   for (uint32_t k = 0; k < 3; ++k) {
-    wire::PacketFields f;
-    f.opcode = op::kRcSendOnly;
-    f.dest_qp = qp->qpn();
-    f.psn = kEpsn + k;
-    f.ack_req = true;
-    p.send(f, bytes(8, 1));
+    d.peer_send(k);
     EXPECT_EQ(s.eng->poll_rx(), 1);
     EXPECT_EQ(s.eng->poll_rx(), 0);
   }
