@@ -101,6 +101,15 @@ const VarDecl kVars[] = {
              "ib_write_lat p99 1.3-2 ms to 65-96 us (docs/progress.md; 0: never)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 100,
      .store = [](Config* c, const VarValue& v) { c->linger_us = static_cast<uint32_t>(v.u); }},
+    {.name = "SOFTRNIC_ONE_COPY", .type = VarType::kBool, .default_text = "`0`",
+     .values = "`0`, `1`",
+     .help = "1 at both ends: RC SEND and WRITE payloads between two devices of one host and one "
+             "user go as descriptors of the sender's registered pages, which the receiving device "
+             "copies straight from a read-only mapping of them: one copy instead of four "
+             "(emu/transport/one_copy.h; embedded hosting, SOFTRNIC_PIN=shadow; a sender with "
+             "capture or faults sends by value; counters one_copy_tx, one_copy_rx, drop_one_copy)",
+     .reader = "shim",
+     .store = [](Config* c, const VarValue& v) { c->one_copy = v.b; }},
     {.name = "SOFTRNIC_LOG", .type = VarType::kLevel, .default_text = "`error`",
      .values = "`off`, `error`, `warn`, `info`, `debug`, `trace` or 0..5",
      .help = "log threshold (stderr or SOFTRNIC_LOG_FILE, never stdout)", .reader = "shim",

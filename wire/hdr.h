@@ -27,6 +27,9 @@ constexpr size_t kIcrcBytes = 4;
 constexpr uint16_t kRoceUdpPort = 4791;
 constexpr uint16_t kDefaultPkey = 0xffff;
 constexpr uint8_t kTver = 0;
+// softrnic's own: a request whose payload is a one-copy descriptor (emu/transport/one_copy.h),
+// sent only between two devices of one host that agreed to it. Real RNICs drop TVer != 0.
+constexpr uint8_t kTverOneCopy = 1;
 constexpr size_t kIpv4HdrBytes = 20;
 constexpr size_t kIpv6HdrBytes = 40;
 constexpr size_t kUdpHdrBytes = 8;

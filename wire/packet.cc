@@ -131,11 +131,12 @@ PacketFields PacketView::fields() const {
   return f;
 }
 
-ParseError parse_roce(std::span<const uint8_t> u, PacketView* out) {
+ParseError parse_roce(std::span<const uint8_t> u, PacketView* out, bool allow_one_copy) {
   if (u.size() < kBthBytes + kIcrcBytes) return ParseError::kTooShort;
   const uint8_t* p = u.data();
   ConstBth bth(p);
-  if (bth.tver() != kTver) return ParseError::kBadTver;
+  if (bth.tver() != kTver && !(allow_one_copy && bth.tver() == kTverOneCopy))
+    return ParseError::kBadTver;
   const OpcodeInfo& info = opcode_info(bth.opcode());
   if (info.mask == 0) return ParseError::kUnknownOpcode;
   if (u.size() < size_t{info.length} + kIcrcBytes) return ParseError::kTruncatedHeader;

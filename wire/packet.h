@@ -113,7 +113,9 @@ struct PacketView {
 
 // udp_payload: BTH .. ICRC. Validates lengths; does NOT check the ICRC (needs IP/UDP data: use
 // icrc_check(meta, udp_payload) or parse_ip_datagram(..., check_icrc=true)).
-ParseError parse_roce(std::span<const uint8_t> udp_payload, PacketView* out);
+// allow_one_copy: also accept TVer kTverOneCopy (the caller resolves the descriptor payload).
+ParseError parse_roce(std::span<const uint8_t> udp_payload, PacketView* out,
+                      bool allow_one_copy = false);
 
 // ip: one IPv4 or IPv6 datagram (trailing bytes after the IP total length are ignored, e.g.
 // Ethernet padding). Requires UDP to port 4791. The IPv4 header checksum is NOT verified

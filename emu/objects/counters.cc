@@ -18,7 +18,8 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "mtu_exceeded",       "tm_bad_header",      "stash_stored",       "stash_replayed",
     "stash_full",         "cnp_sent",           "spin_skipped",       "tx_deferred",
     "ack_on_post",        "ack_hold_expired",   "rx_drain_progress",  "rx_drain_poll",
-    "linger_hit",         "linger_expired",
+    "linger_hit",         "linger_expired",     "one_copy_tx",
+    "one_copy_rx",        "drop_one_copy",
 };
 }  // namespace
 

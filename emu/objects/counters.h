@@ -85,6 +85,13 @@ enum class Ctr : uint8_t {
   kLingerHit,           // linger_hit (ours): a poll_cq drain that waited for the answer
                         // behind a ping-pong's ACK got it (Engine::linger_rx)
   kLingerExpired,       // linger_expired (ours): ... and gave up (EngineConfig::linger_ns)
+  // One-copy between two devices of one host (emu/transport/one_copy.h):
+  kOneCopyTx,           // one_copy_tx (ours): request packets sent as a descriptor of the
+                        // sender's registered memory instead of their payload
+  kOneCopyRx,           // one_copy_rx (ours): descriptor packets whose payload was copied
+                        // straight from the sender's memory
+  kDropOneCopy,         // drop_one_copy (ours): descriptor packets refused (unknown token,
+                        // unknown memory, out of range, one-copy off, wrong opcode)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -150,6 +150,11 @@ bool Mr::shadowed() const {
   return pin_ && pin_->shadowed();
 }
 
+std::shared_ptr<PinnedRange> Mr::pin() const {
+  std::shared_lock lk(mu_);
+  return pin_;
+}
+
 std::shared_ptr<Pd> Mr::pd() const {
   std::shared_lock lk(mu_);
   return pd_;

@@ -124,6 +124,8 @@ class Mr {
   uint32_t bound_mws() const { return bound_mws_.load(); }
   // Whether the device reaches this MR through its own view of the pinned pages (pin.h).
   bool shadowed() const;
+  // The pinned pages (null once deregistered, or for an MR that pins nothing).
+  std::shared_ptr<PinnedRange> pin() const;
   // Accesses in flight through this MR (AccessGate).
   AccessGate& gate() const { return gate_; }
 

@@ -119,14 +119,8 @@ bool read_maps(uint64_t lo, uint64_t hi, std::vector<Line>* out, bool whole, boo
   return whole ? r.covered : true;
 }
 
-// A memfd holding moved pages.
-struct Backing {
-  int fd = -1;
-  uint64_t ino = 0;
-  ~Backing() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using Backing = PinBacking;
+std::atomic<uint32_t> g_backing_ids{0};
 
 // A host range whose pages were moved into `b` at file offset `off`; refs = PinnedRanges on it.
 struct Piece {
@@ -572,6 +566,23 @@ void release_locked(const std::vector<uint64_t>& pieces) {
 
 }  // namespace
 
+PinBacking::~PinBacking() {
+  if (fd >= 0) ::close(fd);
+}
+
+bool PinnedRange::locate(uint64_t a, uint64_t len, PinLoc* out) const {
+  if (view_ == 0 || a < dev_lo_) return false;
+  const uint64_t off = a - dev_lo_;
+  for (const Seg& s : segs_) {
+    if (off >= s.view_off && off - s.view_off <= s.len && len <= s.len - (off - s.view_off)) {
+      out->backing = s.b;
+      out->off = s.file_off + (off - s.view_off);
+      return true;
+    }
+  }
+  return false;
+}
+
 PinnedRange::~PinnedRange() {
   if (fork_gen_ != g_fork_gen.load(std::memory_order_relaxed)) return;  // the parent's
   if (view_ != 0) sys_munmap(view_, size_);
@@ -653,14 +664,19 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
   std::shared_ptr<Backing> b;
   if (to_move != 0) {
     b = std::make_shared<Backing>();
-    b->fd = memfd_create(kMemfdName, MFD_CLOEXEC);
+    b->fd = memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     struct stat st {};
-    if (b->fd < 0 || ftruncate(b->fd, static_cast<off_t>(to_move)) != 0 || fstat(b->fd, &st) != 0) {
+    // Sealed against shrinking: whoever maps it (the device view, a peer device's one-copy
+    // import) can never fault on a truncated page.
+    if (b->fd < 0 || ftruncate(b->fd, static_cast<off_t>(to_move)) != 0 ||
+        fcntl(b->fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 || fstat(b->fd, &st) != 0) {
       sys_munmap(view, r->size_);
       close_fds();
       return r;
     }
     b->ino = st.st_ino;
+    b->size = to_move;
+    b->id = g_backing_ids.fetch_add(1, std::memory_order_relaxed) + 1;
   }
   bool ok = true;
   uint64_t moved = 0;
@@ -671,6 +687,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
       if (ok) {
         ++p->refs;
         r->pieces_.push_back(p->lo);
+        r->segs_.push_back({l.lo - lo, l.hi - l.lo, l.off, p->b});
       }
     } else if (shared_fd[i] >= 0) {
       ok = map_view(view, lo, l, shared_fd[i], l.off);
@@ -680,6 +697,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
         g_pieces[l.lo] = Piece{b, l.lo, l.hi, moved, 1};
         r->pieces_.push_back(l.lo);
         ok = map_view(view, lo, l, b->fd, moved);
+        r->segs_.push_back({l.lo - lo, l.hi - l.lo, moved, b});
       }
       moved += l.hi - l.lo;
     }
@@ -689,6 +707,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
     sys_munmap(view, r->size_);
     release_locked(r->pieces_);
     r->pieces_.clear();
+    r->segs_.clear();
     return r;
   }
   syscall(SYS_madvise, view, r->size_, MADV_DONTFORK);  // the child has no device: no view either

@@ -59,6 +59,27 @@ namespace rnic::emu {
 // addresses (a freed-and-remapped range is served with its new contents).
 enum class PinMode : uint8_t { kShadow = 0, kDirect = 1 };
 
+// A memfd holding moved pages (one per registration that moved any). Sealed against
+// shrinking (F_SEAL_SHRINK), so a mapping of it never faults: another device on this host
+// may map it read-only to copy a message's payload straight out of it (one-copy, emu/transport/
+// one_copy.h). `id` is unique in this process.
+struct PinBacking {
+  int fd = -1;
+  uint64_t ino = 0;
+  uint64_t size = 0;
+  uint32_t id = 0;
+  PinBacking() = default;
+  PinBacking(const PinBacking&) = delete;
+  PinBacking& operator=(const PinBacking&) = delete;
+  ~PinBacking();
+};
+
+// Where device bytes [a, a+len) of a pinned range live: one backing, from file offset `off`.
+struct PinLoc {
+  std::shared_ptr<const PinBacking> backing;
+  uint64_t off = 0;
+};
+
 class PinnedRange {
  public:
   PinnedRange(const PinnedRange&) = delete;
@@ -69,6 +90,9 @@ class PinnedRange {
   uint64_t dev_addr(uint64_t a) const { return a - host_lo_ + dev_lo_; }
   // Whether the device has its own view (false: direct access, dev_addr(a) == a).
   bool shadowed() const { return view_ != 0; }
+  // The memfd and offset behind device bytes [a, a+len) when they lie in one moved piece
+  // (false: direct, a shared file mapping, or the range crosses pieces).
+  bool locate(uint64_t a, uint64_t len, PinLoc* out) const;
 
  private:
   friend std::shared_ptr<PinnedRange> pin_range(uint64_t, uint64_t, PinMode);
@@ -78,6 +102,11 @@ class PinnedRange {
   uint64_t view_ = 0;     // the device view's mapping (0: none)
   uint64_t fork_gen_ = 0; // a forked child never unmaps or restores the parent's objects
   std::vector<uint64_t> pieces_;  // host start of every piece this range holds a ref on
+  struct Seg {  // a part of the device view mapped from a moved piece's memfd
+    uint64_t view_off = 0, len = 0, file_off = 0;
+    std::shared_ptr<const PinBacking> b;
+  };
+  std::vector<Seg> segs_;
 };
 
 // Pins the pages of [addr, addr+len) (REQUIRES: check_mr_range accepted it). Never fails: when

@@ -17,6 +17,7 @@
 namespace rnic::emu {
 
 class Srq;
+class OneCopyLink;
 
 // Requester state (req.cc). Guarded by the QP send lock.
 //
@@ -40,6 +41,10 @@ struct ReqState {
   bool answers = false;
   wire::Endpoint dst;            // RC/UC peer (from the QP's AV)
   wire::IpUdpMeta meta;          // ICRC metadata towards dst (RC/UC)
+  // One copy towards dst (emu/transport/one_copy.h): 0 not looked up yet, 1 linked, 2 none.
+  uint8_t oc_state = 0;
+  OneCopyLink* oc_link = nullptr;  // owned by the engine's OneCopy
+  uint32_t oc_shared = 0;          // the memfd id last shared on it (skips the link's lock)
 };
 
 // One responder resource (IBA 9.7.5.1.4 / rxe resp_res): a READ or ATOMIC the responder

@@ -162,6 +162,11 @@ Status Engine::init() {
   }
   rx_tx_ = std::make_unique<TxBatch>();
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);
+  if (cfg_.one_copy) {
+    std::string err;
+    oc_ = OneCopy::open(port_->local(), &err);
+    if (!oc_) RNIC_LOG(kWarn, "%s: payloads go by value", err.c_str());
+  }
   ack_qps_.reserve(kMaxDeferredAcks);
   held_acks_.reserve(kMaxDeferredAcks);
   replay_qps_.reserve(kMaxDeferredAcks);
@@ -858,6 +863,9 @@ void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   r.rnr_wait = false;
   r.dst = peer;
   r.meta = wire::meta_between(local, peer);
+  r.oc_state = 0;
+  r.oc_link = nullptr;
+  r.oc_shared = 0;
   r.mtu = mtu;
   r.ready = true;
 }

@@ -56,6 +56,7 @@
 #include "emu/objects/hooks.h"
 #include "emu/objects/status.h"
 #include "emu/transport/gsi.h"
+#include "emu/transport/one_copy.h"
 #include "emu/transport/stash.h"
 #include "wire/port.h"
 
@@ -116,6 +117,10 @@ struct EngineConfig {
   // ping-pong's last message waits at most this long for the answer behind it before it
   // returns (Engine::linger_rx). 0 = never.
   uint64_t linger_ns = 5'000;
+  // One copy between two devices of one host (emu/transport/one_copy.h, SOFTRNIC_ONE_COPY):
+  // listen for peers on the abstract socket of the port's first address, and send RC SEND /
+  // WRITE payloads as descriptors of the registered pages to a peer that listens too.
+  bool one_copy = false;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -140,11 +145,14 @@ class TxBatch {
   uint8_t* next() { return mem_.get() + used_; }
   // The IPv4 ID the next packet (len bytes, to dst) will leave with: its index in the GSO
   // run it joins, or 0.
-  uint16_t ip_id_for(const wire::Endpoint& dst, uint32_t len) const {
-    return joins_run(dst, len) ? static_cast<uint16_t>(segs_) : 0;
+  // small: a one-copy descriptor packet (one_copy.h), merged with the ones next to it however
+  // small (a 64 KiB message is 16 of them; one datagram each would cost more than the copies
+  // they save).
+  uint16_t ip_id_for(const wire::Endpoint& dst, uint32_t len, bool small = false) const {
+    return joins_run(dst, len, small) ? static_cast<uint16_t>(segs_) : 0;
   }
-  void commit(const wire::Endpoint& dst, uint32_t len) {
-    if (joins_run(dst, len)) {
+  void commit(const wire::Endpoint& dst, uint32_t len, bool small = false) {
+    if (joins_run(dst, len, small)) {
       wire::TxDesc& d = descs_[n_ - 1];
       d.len += len;
       d.gso_size = static_cast<uint16_t>(seg_);
@@ -156,6 +164,7 @@ class TxBatch {
       seg_ = len;
       segs_ = 1;
       run_open_ = true;
+      run_small_ = small;
     }
     used_ += len;
   }
@@ -165,10 +174,11 @@ class TxBatch {
   int flush(wire::Port& port, Counters& dev_ctr);
 
  private:
-  bool joins_run(const wire::Endpoint& dst, uint32_t len) const {
+  bool joins_run(const wire::Endpoint& dst, uint32_t len, bool small) const {
     // Small packets (ACKs) gain nothing from GSO; keeping them single also keeps captures
     // and filters, which cannot see IP IDs, exact for them.
-    if (gso_max_ <= 1 || n_ == 0 || !run_open_ || seg_ < kMinGsoSegment) return false;
+    if (gso_max_ <= 1 || n_ == 0 || !run_open_) return false;
+    if (seg_ < kMinGsoSegment && !(small && run_small_)) return false;
     const wire::TxDesc& d = descs_[n_ - 1];
     return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
            d.len + len <= kMaxGsoBytes && d.dst == dst;
@@ -180,6 +190,7 @@ class TxBatch {
   int gso_max_ = 1;
   uint32_t seg_ = 0, segs_ = 0;
   bool run_open_ = false;
+  bool run_small_ = false;  // the open run is of one-copy descriptors
 };
 
 // The calling thread's TxBatch (allocated on first use, then reused).
@@ -222,6 +233,8 @@ class Engine final : public TransportHooks {
   // detach it only when it holds no packet.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
   bool fault_engine_attached() const { return fault_.load(std::memory_order_acquire) != nullptr; }
+  // The one-copy link table (nullptr: EngineConfig::one_copy off, or it could not listen).
+  OneCopy* one_copy() const { return oc_.get(); }
 
   // ---- QP1 (GSI, emu/transport/gsi.h) ----
   // Registers the one handler of QP1's received MADs. EBUSY if one is set.
@@ -343,6 +356,7 @@ class Engine final : public TransportHooks {
   Device* dev_;  // the device owns the engine (Device::set_engine) and outlives it
   std::unique_ptr<wire::Port> port_;
   EngineConfig cfg_;
+  std::unique_ptr<OneCopy> oc_;
   Counters ctr_;
   std::atomic<wire::HeldPacketSource*> fault_{nullptr};
   std::atomic<GsiHandler*> gsi_{nullptr};

@@ -29,6 +29,38 @@ const char* opcode_log_name(uint8_t opcode) {
   return n != nullptr ? n : "UNKNOWN";
 }
 
+// Largest payload one packet carries (path MTU 4096).
+constexpr uint32_t kOneCopyMaxLen = 4096;
+
+bool resolve_one_copy(Engine& e, const wire::RxDesc& d, wire::PacketView* p) {
+  Counters& dc = e.counters();
+  OneCopy* oc = e.one_copy();
+  OneCopyDesc desc;
+  const char* why = nullptr;
+  const uint8_t* src = nullptr;
+  if (oc == nullptr) {
+    why = "one-copy descriptor, but one-copy is off";
+  } else if (!wire::is_rc(p->opcode) || !p->has(wire::kReqMask) ||
+             !(p->has(wire::kSendMask) || p->has(wire::kWriteMask))) {
+    why = "one-copy descriptor on an opcode other than an RC SEND or WRITE";
+  } else if (!get_one_copy_desc(p->payload_span(), &desc) || desc.len == 0 ||
+             desc.len > kOneCopyMaxLen) {
+    why = "malformed one-copy descriptor";
+  } else if ((src = oc->resolve(desc)) == nullptr) {
+    why = "one-copy descriptor names no memory its peer shared (token, id or range)";
+  }
+  if (why != nullptr) {
+    dc.add(Ctr::kDropOneCopy);
+    RNIC_PKT_LOG("drop", why, Ctr::kDropOneCopy, d.src, p->bth().dest_qp(), p->opcode,
+                 p->bth().psn());
+    return false;
+  }
+  dc.add(Ctr::kOneCopyRx);
+  p->payload = src;
+  p->payload_len = desc.len;
+  return true;
+}
+
 namespace {
 
 // BTH fields of a packet that may not have parsed (for a drop line); zero when too short.
@@ -145,14 +177,17 @@ bool icrc_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
 
 // Step 2: parse (lengths, TVer, opcode) and keep requests, responses and CNPs (on_cnp).
 // False: dropped.
-bool parse_ok(Counters& dc, const wire::RxDesc& d, std::span<const uint8_t> roce,
+bool parse_ok(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
               wire::PacketView* p) {
-  if (wire::ParseError pe = wire::parse_roce(roce, p); pe != wire::ParseError::kOk) {
+  Counters& dc = e.counters();
+  if (wire::ParseError pe = wire::parse_roce(roce, p, e.one_copy() != nullptr);
+      pe != wire::ParseError::kOk) {
     dc.add(Ctr::kDropMalformed);
     RNIC_PKT_LOG_D("drop", "malformed:", wire::parse_error_name(pe), Ctr::kDropMalformed,
                    d.src, raw_bth(roce).qpn, raw_bth(roce).opcode, raw_bth(roce).psn);
     return false;
   }
+  if (p->bth().tver() == wire::kTverOneCopy && !resolve_one_copy(e, d, p)) return false;
   if (wire::is_cnp(p->opcode)) return true;
   if (!p->has(wire::kReqMask) && !p->has(wire::kAckMask)) {
     dc.add(Ctr::kDropBadState);
@@ -401,7 +436,7 @@ void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce
   // ECN CE marks (IP TOS low bits 11) are counted; the packet is processed as usual.
   if ((d.tos & 3u) == 3u) dc.add(Ctr::kEcnCeRcvd);
   wire::PacketView p;
-  if (!parse_ok(dc, d, roce, &p)) return;
+  if (!parse_ok(e, d, roce, &p)) return;
   if (wire::is_cnp(p.opcode)) {
     dc.add(Ctr::kCnpRcvd);  // counted whatever QP it names
     if (p.bth().dest_qp() == kGsiQpn) return;

@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "emu/objects/counters.h"
+#include "wire/packet.h"
 #include "wire/port.h"
 
 namespace rnic::emu {
@@ -64,5 +65,10 @@ namespace rnic::emu {
 // Hot path: no allocation; locks only the destination QP.
 void recv_packet(Engine& e, const wire::RxDesc& d, std::span<const uint8_t> roce,
                  uint32_t seg_index = 0);
+
+// A parsed TVer-1 request (emu/transport/one_copy.h): points p's payload at the bytes its
+// descriptor names in the peer's shared memory. False: dropped and counted (drop_one_copy).
+// Receive context (rx lock held); the payload stays valid until the next call.
+bool resolve_one_copy(Engine& e, const wire::RxDesc& d, wire::PacketView* p);
 
 }  // namespace rnic::emu

@@ -8,6 +8,7 @@
 #include "emu/transport/comp.h"
 #include "emu/objects/device.h"
 #include "emu/transport/engine.h"
+#include "emu/transport/one_copy.h"
 #include "emu/transport/window.h"
 #include "emu/objects/mr.h"
 #include "emu/objects/mw.h"
@@ -120,6 +121,46 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len) {
     w.sge_offset += n;
   }
   return WcStatus::kSuccess;
+}
+
+// One copy (one_copy.h): when the payload of w's next packet (plen bytes at the cursor) lies
+// in one shadowed piece of one SGE and the peer device links with us, fills *d with a
+// descriptor of it and advances the cursor as gather() would. False: send it by value.
+bool one_copy_desc(Engine& e, Qp& qp, SendWqe& w, uint32_t plen, OneCopyDesc* d) {
+  OneCopy* oc = e.one_copy();
+  ReqState& r = qp.req_;
+  if (oc == nullptr || r.oc_state == 2 || plen < kOneCopyMinBytes || w.is_inline ||
+      w.has_operand || qp.type() != QpType::kRc || e.fault_engine_attached())
+    return false;
+  uint32_t i = w.sge_index, off = w.sge_offset;
+  while (i < w.num_sge && off == w.sge[i].length) {
+    ++i;
+    off = 0;
+  }
+  if (i >= w.num_sge || w.sge[i].length - off < plen) return false;
+  Device& dev = e.device();
+  const Sge piece{w.sge[i].addr + off, plen, w.sge[i].lkey};
+  uint64_t host = 0;
+  if (check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host) !=
+      WcStatus::kSuccess)
+    return false;  // gather() reports it
+  std::shared_ptr<Mr> mr = dev.keys().find_mr(piece.lkey);
+  std::shared_ptr<PinnedRange> pin = mr ? mr->pin() : nullptr;
+  PinLoc loc;
+  if (!pin || !pin->locate(host, plen, &loc)) return false;
+  if (r.oc_state == 0) {
+    r.oc_link = oc->link(r.dst);
+    r.oc_state = r.oc_link != nullptr ? 1 : 2;
+    if (r.oc_state == 2) return false;
+  }
+  if (loc.backing->id != r.oc_shared) {
+    if (!oc->share(r.oc_link, loc.backing)) return false;
+    r.oc_shared = loc.backing->id;
+  }
+  *d = OneCopyDesc{OneCopy::token(r.oc_link), loc.backing->id, plen, loc.off};
+  w.sge_index = i;
+  w.sge_offset = off + plen;
+  return true;
 }
 
 // Executes a local op WQE inline (IBA 10.6.3.3 / rxe: completes immediately as a WQE).
@@ -344,26 +385,39 @@ bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
     e.flush(tx);
   }
   uint8_t* buf = tx.next();
-  const size_t hl = wire::write_roce_headers(buf, f, plen);
-  if (plen > 0) {
-    WcStatus gs = gather(x.e, x.qp, w, buf + hl, plen);
-    if (gs != WcStatus::kSuccess) {
-      w.status = gs;
-      w.state = WqeState::kError;
-      return false;
+  OneCopyDesc desc;
+  size_t hl;
+  uint32_t wire_plen = plen;  // payload bytes on the wire
+  if (plen > 0 && one_copy_desc(e, x.qp, w, plen, &desc)) {
+    wire::PacketFields fd = f;
+    fd.tver = wire::kTverOneCopy;
+    wire_plen = kOneCopyDescBytes;
+    hl = wire::write_roce_headers(buf, fd, wire_plen);
+    put_one_copy_desc(buf + hl, desc);
+    bump(x.c.ctr, e.counters(), Ctr::kOneCopyTx);
+  } else {
+    hl = wire::write_roce_headers(buf, f, plen);
+    if (plen > 0) {
+      WcStatus gs = gather(x.e, x.qp, w, buf + hl, plen);
+      if (gs != WcStatus::kSuccess) {
+        w.status = gs;
+        w.state = WqeState::kError;
+        return false;
+      }
     }
   }
   wire::Endpoint dst;
-  const auto len = static_cast<uint32_t>(wire::roce_len(hl, plen));
+  const auto len = static_cast<uint32_t>(wire::roce_len(hl, wire_plen));
+  const bool small = wire_plen != plen;  // a descriptor
   if (x.type == QpType::kUd) {
     dst = peer_endpoint(w.av, e.config().udp_port);
-    wire::finish_roce(buf, hl, plen,
+    wire::finish_roce(buf, hl, wire_plen,
                       wire::meta_between(e.local_for(dst), dst, tx.ip_id_for(dst, len)));
   } else {
     dst = r.dst;
-    wire::finish_roce(buf, hl, plen, r.meta, tx.ip_id_for(dst, len));
+    wire::finish_roce(buf, hl, wire_plen, r.meta, tx.ip_id_for(dst, len, small));
   }
-  tx.commit(dst, len);
+  tx.commit(dst, len, small);
   k.wire_len = len;
   return true;
 }

@@ -1383,7 +1383,9 @@ RespOutcome drain_stash(Engine& e, Qp& qp, uint32_t fresh_psn) {
       continue;
     }
     wire::PacketView p;
-    if (wire::parse_roce(std::span<const uint8_t>(ss.bytes, ss.len), &p) != wire::ParseError::kOk) {
+    if (wire::parse_roce(std::span<const uint8_t>(ss.bytes, ss.len), &p,
+                         e.one_copy() != nullptr) != wire::ParseError::kOk ||
+        (p.bth().tver() == wire::kTverOneCopy && !resolve_one_copy(e, ss.d, &p))) {
       stash_release(e, s, idx);
       break;
     }

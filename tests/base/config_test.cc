@@ -230,6 +230,15 @@ TEST(Config, LingerIsMicrosecondsUpTo100Default5) {
                  {"101", "-1", "5us", ""});
 }
 
+TEST(Config, OneCopyIsABooleanOffByDefault) {
+  EXPECT_FALSE(Config{}.one_copy);
+  Config c;
+  ASSERT_EQ(parse({{"SOFTRNIC_ONE_COPY", "1"}}, &c), "");
+  EXPECT_TRUE(c.one_copy);
+  Config d;
+  EXPECT_NE(parse({{"SOFTRNIC_ONE_COPY", "2"}}, &d), "");
+}
+
 // Names are exact; keyword values fold case; free-form values keep it.
 TEST(Config, CaseFoldingRule) {
   Config c;
