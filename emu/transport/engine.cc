@@ -166,6 +166,7 @@ Status Engine::init() {
     std::string err;
     oc_ = OneCopy::open(port_->local(), &err);
     if (!oc_) RNIC_LOG(kWarn, "%s: payloads go by value", err.c_str());
+    if (oc_ && !add(oc_->wait_fd())) return static_cast<Errc>(errno);
   }
   ack_qps_.reserve(kMaxDeferredAcks);
   held_acks_.reserve(kMaxDeferredAcks);
@@ -238,7 +239,11 @@ void Engine::progress_loop() {
     bool rx = false, timer = false, defer = false;
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
-      if (fd == event_fd_) {
+      if (oc_ && fd == oc_->wait_fd()) {
+        // A peer linked, shared or forgot memory, or went away: its mappings go with it.
+        std::lock_guard lk(rx_mu_);
+        oc_->service();
+      } else if (fd == event_fd_) {
         uint64_t v;
         ssize_t r = read(event_fd_, &v, sizeof(v));
         (void)r;

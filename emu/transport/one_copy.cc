@@ -2,6 +2,7 @@
 #include "emu/transport/one_copy.h"
 
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -98,8 +99,14 @@ std::unique_ptr<OneCopy> OneCopy::open(const wire::Endpoint& local, std::string*
   oc->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   sockaddr_un a;
   const socklen_t al = abstract_addr(name_for(local), &a);
-  if (oc->listen_fd_ < 0 || ::bind(oc->listen_fd_, reinterpret_cast<sockaddr*>(&a), al) != 0 ||
-      ::listen(oc->listen_fd_, 64) != 0) {
+  oc->ep_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = oc->listen_fd_;
+  if (oc->listen_fd_ < 0 || oc->ep_fd_ < 0 ||
+      ::bind(oc->listen_fd_, reinterpret_cast<sockaddr*>(&a), al) != 0 ||
+      ::listen(oc->listen_fd_, 64) != 0 ||
+      ::epoll_ctl(oc->ep_fd_, EPOLL_CTL_ADD, oc->listen_fd_, &ev) != 0) {
     *err = std::string("one-copy: cannot listen on @") + name_for(local) + ": " +
            std::strerror(errno);
     return nullptr;
@@ -109,6 +116,7 @@ std::unique_ptr<OneCopy> OneCopy::open(const wire::Endpoint& local, std::string*
 
 OneCopy::~OneCopy() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (ep_fd_ >= 0) ::close(ep_fd_);
   for (InLink& in : in_) drop_link(in);
 }
 
@@ -285,6 +293,13 @@ void OneCopy::pump() {
       ::close(fd);
       continue;
     }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(ep_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      continue;
+    }
     in_.push_back(InLink{fd, 0, {}});
   }
   for (size_t i = 0; i < in_.size();) {
@@ -296,6 +311,11 @@ void OneCopy::pump() {
     in_[i] = std::move(in_.back());
     in_.pop_back();
   }
+}
+
+void OneCopy::service() {
+  std::lock_guard lk(in_mu_);
+  pump();
 }
 
 const uint8_t* OneCopy::resolve(const OneCopyDesc& d) {

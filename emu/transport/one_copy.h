@@ -83,6 +83,10 @@ class OneCopy {
   // ---- responder side (REQUIRES: one caller at a time: the engine's receive lock)
   // The requester's bytes the descriptor names, or nullptr.
   const uint8_t* resolve(const OneCopyDesc& d);
+  // Readable when a peer links, sends a message or closes (the engine's epoll set watches
+  // it): then call service(), which accepts and reads them (a closed peer's mappings go).
+  int wait_fd() const { return ep_fd_; }
+  void service();
 
   // Tests.
   static std::string name_for(const wire::Endpoint& ep);
@@ -104,6 +108,7 @@ class OneCopy {
   void drop_link(InLink& in);
 
   int listen_fd_ = -1;
+  int ep_fd_ = -1;  // epoll set: the listener and every peer's socket
   std::mutex out_mu_;
   std::unordered_map<std::string, std::unique_ptr<Link>> out_;
   mutable std::mutex in_mu_;
