@@ -3,7 +3,10 @@
 # loopback, each with its own softrnic device) through scripts/softrnic, with timeouts.
 # Passes when both exit 0, the client's output matches --expect and the server's matches
 # --server-expect (default for both: any output; one-sided tests print only on the client).
-#   pair.sh [--preload] [--daemon] [--expect RE] [--server-expect RE] [--timeout S] PORT -- TOOL [ARGS...]
+#   pair.sh [--preload] [--daemon] [--expect RE] [--server-expect RE] [--stats-expect RE]
+#           [--timeout S] PORT -- TOOL [ARGS...]
+# --stats-expect (repeatable): a line of either device's counters at exit (SOFTRNIC_STATS_AT_EXIT)
+# must match RE, e.g. '^one_copy_rx [1-9]'.
 # --daemon: one softrnicd (SOFTRNICD, its own runtime dir) hosts the device of both processes
 # (SOFTRNIC_HOSTING=daemon): they must then report the same local GID.
 # The server runs "TOOL ARGS -p PORT", the client "TOOL ARGS -p PORT 127.0.0.1".
@@ -18,6 +21,7 @@ mode=()
 daemon=0
 expect='.'
 sexpect='.'
+stats_expect=()
 tmo=60
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +30,7 @@ while [ $# -gt 0 ]; do
     --expect) expect="$2"; shift 2 ;;
     --server-expect) sexpect="$2"; shift 2 ;;
     --timeout) tmo="$2"; shift 2 ;;
+    --stats-expect) stats_expect+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -38,6 +43,9 @@ work="$(mktemp -d)"
 dpid=
 trap '[ -n "$dpid" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"' EXIT
 
+if [ "${#stats_expect[@]}" -gt 0 ]; then
+  export SOFTRNIC_STATS_AT_EXIT="$work/stats.%p"
+fi
 # Each test gets its own runtime dir so generated sysfs trees never race.
 export SOFTRNIC_RUNTIME_DIR="$work/rt"
 if [ "$daemon" = 1 ]; then
@@ -86,4 +94,13 @@ fi
 check_run server "$src" "$work/server.out" "$sexpect" || fail=1
 check_run client "$crc" "$work/client.out" "$expect" || fail=1
 check_foreign "$work/server.out" "$work/client.out" || fail=1
+for re in "${stats_expect[@]}"; do
+  if cat "$work"/stats.* 2>/dev/null | grep -qE "$re"; then
+    echo "== counters: $(cat "$work"/stats.* | grep -E "$re" | tr '\n' ' ')"
+  else
+    echo "FAIL: no device counter matches '$re'"
+    cat "$work"/stats.* 2>/dev/null | grep -v ' 0$'
+    fail=1
+  fi
+done
 exit "$fail"
