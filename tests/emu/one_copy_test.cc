@@ -99,12 +99,16 @@ TEST_P(OneCopySizes, BytesLandExactlyThroughDescriptors) {
   transfer(p, c, opc, size, nsge);
   // Every packet whose payload is >= kOneCopyMinBytes and inside one SGE went as a descriptor
   // (1 MiB over 4096-byte packets: all 256 of them).
+  // Resends (a slow sanitizer build times some out) go as descriptors too.
   const uint64_t tx = p.ctr(p.a, Ctr::kOneCopyTx), rx = p.ctr(p.b, Ctr::kOneCopyRx);
+  const uint64_t resent = p.ctr(p.a, Ctr::kRetransPkts);
   EXPECT_GT(tx, 0u);
-  EXPECT_EQ(tx, rx);
+  EXPECT_LE(rx, tx);
   if (nsge == 1) {
     const uint32_t tail = size % 4096;
-    EXPECT_EQ(tx, (size + 4095) / 4096 - (tail != 0 && tail < kOneCopyMinBytes ? 1 : 0));
+    const uint64_t want = (size + 4095) / 4096 - (tail != 0 && tail < kOneCopyMinBytes ? 1 : 0);
+    EXPECT_EQ(tx - resent, want) << resent << " resent";
+    EXPECT_GE(rx, want);
   }
   EXPECT_EQ(p.ctr(p.b, Ctr::kDropOneCopy), 0u);
   EXPECT_EQ(p.ctr(p.b, Ctr::kDropMalformed), 0u);
@@ -153,8 +157,9 @@ TEST(OneCopy, ASenderWithCaptureOrFaultsSendsByValue) {
   transfer(p, c, WrOpcode::kRdmaWrite, 65536);
   EXPECT_EQ(p.ctr(p.a, Ctr::kOneCopyTx), 0u);
   p.a.eng->set_fault_engine(nullptr);
+  const uint64_t resent = p.ctr(p.a, Ctr::kRetransPkts);
   transfer(p, c, WrOpcode::kRdmaWrite, 65536);
-  EXPECT_EQ(p.ctr(p.a, Ctr::kOneCopyTx), 16u);
+  EXPECT_EQ(p.ctr(p.a, Ctr::kOneCopyTx) - (p.ctr(p.a, Ctr::kRetransPkts) - resent), 16u);
 }
 
 // Drops every 5th request packet at the receiver (first transmissions and resends alike):
