@@ -570,6 +570,20 @@ PinBacking::~PinBacking() {
   if (fd >= 0) ::close(fd);
 }
 
+void PinnedRange::add_seg(uint64_t view_off, uint64_t len, uint64_t file_off,
+                          std::shared_ptr<const PinBacking> b) {
+  // Consecutive maps lines moved into one memfd (split only by protections or VMA history)
+  // are one segment: a payload crossing them still lies in one memfd range.
+  if (!segs_.empty()) {
+    Seg& t = segs_.back();
+    if (t.b == b && t.view_off + t.len == view_off && t.file_off + t.len == file_off) {
+      t.len += len;
+      return;
+    }
+  }
+  segs_.push_back({view_off, len, file_off, std::move(b)});
+}
+
 bool PinnedRange::locate(uint64_t a, uint64_t len, PinLoc* out) const {
   if (view_ == 0 || a < dev_lo_) return false;
   const uint64_t off = a - dev_lo_;
@@ -687,7 +701,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
       if (ok) {
         ++p->refs;
         r->pieces_.push_back(p->lo);
-        r->segs_.push_back({l.lo - lo, l.hi - l.lo, l.off, p->b});
+        r->add_seg(l.lo - lo, l.hi - l.lo, l.off, p->b);
       }
     } else if (shared_fd[i] >= 0) {
       ok = map_view(view, lo, l, shared_fd[i], l.off);
@@ -697,7 +711,7 @@ std::shared_ptr<PinnedRange> pin_range(uint64_t addr, uint64_t len, PinMode mode
         g_pieces[l.lo] = Piece{b, l.lo, l.hi, moved, 1};
         r->pieces_.push_back(l.lo);
         ok = map_view(view, lo, l, b->fd, moved);
-        r->segs_.push_back({l.lo - lo, l.hi - l.lo, moved, b});
+        r->add_seg(l.lo - lo, l.hi - l.lo, moved, b);
       }
       moved += l.hi - l.lo;
     }

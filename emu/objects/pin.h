@@ -102,6 +102,8 @@ class PinnedRange {
   uint64_t view_ = 0;     // the device view's mapping (0: none)
   uint64_t fork_gen_ = 0; // a forked child never unmaps or restores the parent's objects
   std::vector<uint64_t> pieces_;  // host start of every piece this range holds a ref on
+  void add_seg(uint64_t view_off, uint64_t len, uint64_t file_off,
+               std::shared_ptr<const PinBacking> b);
   struct Seg {  // a part of the device view mapped from a moved piece's memfd
     uint64_t view_off = 0, len = 0, file_off = 0;
     std::shared_ptr<const PinBacking> b;

@@ -2,6 +2,7 @@
 #include "emu/transport/one_copy.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -124,9 +125,29 @@ OneCopy::Link* OneCopy::link(const wire::Endpoint& peer) {
   const std::string name = name_for(peer);
   std::lock_guard lk(out_mu_);
   auto it = out_.find(name);
-  if (it != out_.end()) return it->second.get();
+  const uint64_t now = wire::monotonic_ns();
+  if (it != out_.end()) {
+    Link* l = it->second.get();
+    if (l == nullptr && now < it->second.retry_ns) return nullptr;
+    if (l != nullptr) {
+      // Still the device we linked to? One that closed (its process ended; another may now
+      // hold its address) hangs up: link again, or its descriptors would carry a dead token.
+      pollfd p{l->fd, POLLRDHUP, 0};
+      if (!l->broken && (::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0))
+        return l;
+    }
+    // QPs may still hold the old link (it fails their shares): it is kept, closed.
+    if (it->second.link) {
+      std::lock_guard ll(it->second.link->mu);
+      it->second.link->broken = true;
+      dead_.push_back(std::move(it->second.link));
+    }
+    out_.erase(it);
+  }
   std::unique_ptr<Link> l = std::make_unique<Link>();
-  l->fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Non-blocking: a peer whose backlog is full (it is not accepting) is no peer; never wait
+  // for it under the QP's send lock.
+  l->fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   sockaddr_un a;
   const socklen_t al = abstract_addr(name, &a);
   MsgHello h{kMagic, kMsgHello, kVersion, 0, 0};
@@ -136,12 +157,12 @@ OneCopy::Link* OneCopy::link(const wire::Endpoint& peer) {
   if (!ok) {
     RNIC_LOG(kDebug, "one-copy: no link to @%s (%s): payloads go by value", name.c_str(),
              std::strerror(errno));
-    out_.emplace(name, nullptr);
+    out_.emplace(name, Out{nullptr, now + kRetryNs});  // asked again a second later
     return nullptr;
   }
   l->token = h.token;
   RNIC_LOG(kInfo, "one-copy: linked to @%s", name.c_str());
-  return out_.emplace(name, std::move(l)).first->second.get();
+  return out_.emplace(name, Out{std::move(l), 0}).first->second.get();
 }
 
 uint64_t OneCopy::token(const Link* l) { return l->token; }

@@ -71,8 +71,9 @@ class OneCopy {
 
   // ---- requester side (any thread)
   using Link = OneCopyLink;
-  // The link to the device at `peer`: connects and says hello the first time; a peer that
-  // does not answer (no listener, another user) is remembered as nullptr. Stable pointer.
+  // The link to the device at `peer`: connects and says hello the first time, and again when
+  // the device it linked to has closed; a peer that does not answer (no listener, another
+  // user, a full backlog) is asked again at most once a second. Stable pointer.
   Link* link(const wire::Endpoint& peer);
   static uint64_t token(const Link* l);
   // Makes sure the link's peer has `b` mapped (sends its fd the first time, and tells it to
@@ -110,7 +111,14 @@ class OneCopy {
   int listen_fd_ = -1;
   int ep_fd_ = -1;  // epoll set: the listener and every peer's socket
   std::mutex out_mu_;
-  std::unordered_map<std::string, std::unique_ptr<Link>> out_;
+  struct Out {
+    std::unique_ptr<Link> link;  // nullptr: the peer did not answer
+    uint64_t retry_ns = 0;       // then: not asked again before this
+    Link* get() const { return link.get(); }
+  };
+  static constexpr uint64_t kRetryNs = 1'000'000'000;
+  std::unordered_map<std::string, Out> out_;
+  std::vector<std::unique_ptr<Link>> dead_;  // replaced links QPs may still point to
   mutable std::mutex in_mu_;
   std::vector<InLink> in_;
 };

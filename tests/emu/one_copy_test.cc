@@ -321,6 +321,33 @@ TEST(OneCopy, APeersMappingsGoWhenItCloses) {
   EXPECT_EQ(p.b.eng->one_copy()->imports(), 0u);
 }
 
+// A device that closes and another that takes its address: the sender links again (a new
+// token) instead of sending descriptors the newcomer cannot resolve.
+TEST(OneCopy, ANewDeviceAtAClosedPeersAddressIsLinkedAgain) {
+  Pair p;
+  const std::string ip = p.b.ip;
+  {
+    Conn c = connect(p);
+    transfer(p, c, WrOpcode::kRdmaWrite, 65536);
+  }
+  OneCopyLink* first = p.a.eng->one_copy()->link(endpoint_of(p.b));
+  ASSERT_NE(first, nullptr);
+  const uint64_t old_token = OneCopy::token(first);
+  p.b.eng->stop();
+  p.b.dev->close();
+  p.b.eng.reset();
+  p.b.dev.reset();
+  p.b = Node::on_udp_first_free({ip.c_str()}, one_copy_config(true));
+  ASSERT_TRUE(p.b.eng);
+  Conn c = connect(p);
+  transfer(p, c, WrOpcode::kRdmaWrite, 65536);
+  EXPECT_GE(p.ctr(p.b, Ctr::kOneCopyRx), 16u);
+  EXPECT_EQ(p.ctr(p.b, Ctr::kDropOneCopy), 0u);
+  OneCopyLink* second = p.a.eng->one_copy()->link(endpoint_of(p.b));
+  ASSERT_NE(second, nullptr);
+  EXPECT_NE(OneCopy::token(second), old_token);
+}
+
 // Names are per user and endpoint (abstract sockets are per network namespace).
 TEST(OneCopy, ListenerNameIsPerUserAndEndpoint) {
   const std::string n = OneCopy::name_for(*wire::Endpoint::parse("127.0.0.9", 4791));
