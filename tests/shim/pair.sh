@@ -95,8 +95,9 @@ check_run server "$src" "$work/server.out" "$sexpect" || fail=1
 check_run client "$crc" "$work/client.out" "$expect" || fail=1
 check_foreign "$work/server.out" "$work/client.out" || fail=1
 for re in "${stats_expect[@]}"; do
-  if cat "$work"/stats.* 2>/dev/null | grep -qE "$re"; then
-    echo "== counters: $(cat "$work"/stats.* | grep -E "$re" | tr '\n' ' ')"
+  # grep reads the files itself: `cat | grep -q` fails under pipefail when grep stops early.
+  if grep -hqE "$re" "$work"/stats.* 2>/dev/null; then
+    echo "== counters: $(grep -hE "$re" "$work"/stats.* | tr '\n' ' ')"
   else
     echo "FAIL: no device counter matches '$re'"
     cat "$work"/stats.* 2>/dev/null | grep -v ' 0$'
