@@ -199,7 +199,8 @@ Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t 
 }
 
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
-                     ErrorsMode mode, uint64_t* host_addr, AccessGuard* guard) {
+                     ErrorsMode mode, uint64_t* host_addr, AccessGuard* guard,
+                     std::shared_ptr<Mr>* mr_out) {
   // A zero-length SGE touches nothing; rxe skips it too.
   if (sge.length == 0) {
     if (host_addr != nullptr) *host_addr = 0;
@@ -220,6 +221,7 @@ WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool ne
   if (!v.in_range(sge.addr, sge.length)) return WcStatus::kLocProtErr;  // bounds (S09)
   if (host_addr != nullptr) *host_addr = v.translate(sge.addr);
   if (guard != nullptr) *guard = std::move(g);
+  if (mr_out != nullptr) *mr_out = std::move(mr);
   return WcStatus::kSuccess;
 }
 

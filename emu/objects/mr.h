@@ -184,7 +184,7 @@ enum class ErrorsMode : uint8_t { kSpec = 0, kRxe = 1 };
 // guard nothing is held (a check-only call, or a legacy caller that copies unguarded).
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
                      ErrorsMode mode = ErrorsMode::kSpec, uint64_t* host_addr = nullptr,
-                     AccessGuard* guard = nullptr);
+                     AccessGuard* guard = nullptr, std::shared_ptr<Mr>* mr_out = nullptr);
 
 // Outcome of a remote rkey check. Every failure is a Remote Access error (NAK 0x62,
 // requester IBV_WC_REM_ACCESS_ERR); the distinct values exist for counters and tests.

@@ -45,6 +45,7 @@ struct ReqState {
   uint8_t oc_state = 0;
   OneCopyLink* oc_link = nullptr;  // owned by the engine's OneCopy
   uint32_t oc_shared = 0;          // the memfd id last shared on it (skips the link's lock)
+  uint64_t oc_retry_ns = 0;        // oc_state 2: look for a link again from then
 };
 
 // One responder resource (IBA 9.7.5.1.4 / rxe resp_res): a READ or ATOMIC the responder

@@ -871,6 +871,7 @@ void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   r.oc_state = 0;
   r.oc_link = nullptr;
   r.oc_shared = 0;
+  r.oc_retry_ns = 0;
   r.mtu = mtu;
   r.ready = true;
 }

@@ -7,11 +7,15 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "base/log.h"
@@ -80,16 +84,31 @@ bool get_one_copy_desc(std::span<const uint8_t> in, OneCopyDesc* d) {
 
 class OneCopyLink {
  public:
-  int fd = -1;
+  int fd = -1;  // mu; -1 once retired
   uint64_t token = 0;
   std::mutex mu;
   // Memfds the peer has mapped, by id; expired: dropped here, to be forgotten there.
   std::unordered_map<uint32_t, std::weak_ptr<const PinBacking>> shared;
-  bool broken = false;
+  // The peer hung up or a send failed: QPs on it link again (OneCopy::link).
+  std::atomic<bool> broken{false};
   ~OneCopyLink() {
     if (fd >= 0) ::close(fd);
   }
 };
+
+bool OneCopy::broken(const Link* l) { return l->broken.load(std::memory_order_acquire); }
+
+// Marks l broken and closes its socket (REQUIRES: l->mu). QPs may still point to it: the
+// object stays (dead_), only the fd goes, so a long-lived device keeps no fd per relink.
+void OneCopy::retire_locked(Link& l) {
+  l.broken.store(true, std::memory_order_release);
+  if (l.fd >= 0) {
+    (void)::epoll_ctl(ep_fd_, EPOLL_CTL_DEL, l.fd, nullptr);
+    ::close(l.fd);
+    l.fd = -1;
+  }
+  l.shared.clear();
+}
 
 std::string OneCopy::name_for(const wire::Endpoint& ep) {
   return "softrnic-oc/" + std::to_string(::geteuid()) + "/" + EndpointText(ep).c_str();
@@ -132,16 +151,15 @@ OneCopy::Link* OneCopy::link(const wire::Endpoint& peer) {
     if (l != nullptr) {
       // Still the device we linked to? One that closed (its process ended; another may now
       // hold its address) hangs up: link again, or its descriptors would carry a dead token.
+      std::lock_guard ll(l->mu);
       pollfd p{l->fd, POLLRDHUP, 0};
-      if (!l->broken && (::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0))
+      if (!broken(l) && l->fd >= 0 &&
+          (::poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0))
         return l;
+      retire_locked(*l);
     }
-    // QPs may still hold the old link (it fails their shares): it is kept, closed.
-    if (it->second.link) {
-      std::lock_guard ll(it->second.link->mu);
-      it->second.link->broken = true;
-      dead_.push_back(std::move(it->second.link));
-    }
+    // QPs may still hold the old link (broken: they link again): it is kept, closed.
+    if (it->second.link) dead_.push_back(std::move(it->second.link));
     out_.erase(it);
   }
   std::unique_ptr<Link> l = std::make_unique<Link>();
@@ -161,6 +179,11 @@ OneCopy::Link* OneCopy::link(const wire::Endpoint& peer) {
     return nullptr;
   }
   l->token = h.token;
+  // The engine's epoll set sees the peer hang up (service() retires the link then).
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = kOutTag | static_cast<uint32_t>(l->fd);
+  (void)::epoll_ctl(ep_fd_, EPOLL_CTL_ADD, l->fd, &ev);
   RNIC_LOG(kInfo, "one-copy: linked to @%s", name.c_str());
   return out_.emplace(name, Out{std::move(l), 0}).first->second.get();
 }
@@ -169,7 +192,7 @@ uint64_t OneCopy::token(const Link* l) { return l->token; }
 
 bool OneCopy::share(Link* l, const std::shared_ptr<const PinBacking>& b) {
   std::lock_guard lk(l->mu);
-  if (l->broken) return false;
+  if (broken(l)) return false;
   if (l->shared.count(b->id) != 0) return true;
   // The peer maps what it is given until told otherwise: tell it about memfds gone here.
   MsgForget f{kMagic, kMsgForget, 0, 0, {}};
@@ -184,11 +207,19 @@ bool OneCopy::share(Link* l, const std::shared_ptr<const PinBacking>& b) {
   if (f.n != 0) {
     const size_t len = offsetof(MsgForget, ids) + f.n * sizeof(uint32_t);
     if (::send(l->fd, &f, len, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(len)) {
+      if (errno != EAGAIN) {
+        retire_locked(*l);
+        return false;
+      }
       for (uint32_t i = 0; i < f.n; ++i) l->shared.emplace(f.ids[i], std::weak_ptr<const PinBacking>());
-      if (errno != EAGAIN) l->broken = true;
       return false;
     }
   }
+  // The peer gets the memfd read-only: a descriptor of it is all it needs.
+  char path[48];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", b->fd);
+  const int ro = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return false;
   MsgShare m{kMagic, kMsgShare, b->id, 0, b->size};
   iovec iov{&m, sizeof m};
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
@@ -201,9 +232,12 @@ bool OneCopy::share(Link* l, const std::shared_ptr<const PinBacking>& b) {
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &b->fd, sizeof(int));
-  if (::sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof m)) {
-    if (errno != EAGAIN) l->broken = true;
+  std::memcpy(CMSG_DATA(c), &ro, sizeof(int));
+  const bool sent = ::sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof m);
+  const int err = errno;
+  ::close(ro);
+  if (!sent) {
+    if (err != EAGAIN) retire_locked(*l);
     return false;
   }
   l->shared.emplace(b->id, b);
@@ -272,7 +306,10 @@ bool OneCopy::read_link(InLink& in) {
       // shrinking and at least as long as announced (so the mapping never faults).
       struct stat st {};
       const int seals = ::fcntl(fd, F_GET_SEALS);
-      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 ||
+      struct statfs fs {};
+      // Only a tmpfs memfd (not hugetlbfs, where a hole can fault) sealed against shrinking.
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ::fstatfs(fd, &fs) != 0 ||
+          fs.f_type != TMPFS_MAGIC || seals < 0 ||
           (seals & F_SEAL_SHRINK) == 0 || m.s.size == 0 ||
           static_cast<uint64_t>(st.st_size) < m.s.size) {
         RNIC_LOG(kWarn, "one-copy: a peer shared an unsealed or short file; link closed");
@@ -335,12 +372,35 @@ void OneCopy::pump() {
 }
 
 void OneCopy::service() {
+  // Peers we linked to that hung up: their links retire (QPs on them link again).
+  epoll_event evs[16];
+  const int n = ::epoll_wait(ep_fd_, evs, 16, 0);
+  for (int i = 0; i < n; ++i) {
+    if ((evs[i].data.u64 & kOutTag) == 0) continue;
+    const int fd = static_cast<int>(static_cast<uint32_t>(evs[i].data.u64));
+    std::lock_guard lk(out_mu_);
+    for (auto& [name, o] : out_) {
+      if (!o.link) continue;
+      std::lock_guard ll(o.link->mu);
+      if (o.link->fd == fd) retire_locked(*o.link);
+    }
+  }
   std::lock_guard lk(in_mu_);
   pump();
 }
 
+void OneCopy::drop_links_for_test() {
+  std::lock_guard lk(in_mu_);
+  for (InLink& in : in_) drop_link(in);
+  in_.clear();
+}
+
 const uint8_t* OneCopy::resolve(const OneCopyDesc& d) {
   std::lock_guard lk(in_mu_);
+  if (fail_for_test_.load(std::memory_order_relaxed) != 0) {
+    fail_for_test_.fetch_sub(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) pump();  // a share always precedes the first packet naming it
     for (InLink& in : in_) {

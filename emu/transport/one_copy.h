@@ -6,8 +6,9 @@
 // the payload straight out of the requester's registered pages instead:
 //   - Shadow pinning (emu/objects/pin.h) already keeps every registered page in a memfd,
 //     sealed against shrinking. The requester's device hands such a memfd (SCM_RIGHTS) to the
-//     peer device over a Unix socket the first time a packet names it; the peer maps it
-//     read-only (PROT_READ, MAP_SHARED). A sealed memfd mapping never faults.
+//     peer device (reopened read-only) over a Unix socket the first time a packet names it;
+//     the peer maps it PROT_READ, MAP_SHARED, once it proves to be a tmpfs memfd sealed
+//     against shrinking: such a mapping never faults.
 //   - The request packet keeps every header (BTH with its PSN and AckReq, RETH, ImmDt, IETH)
 //     and its ICRC, but its payload is a 24-byte descriptor: the link's token, the memfd's
 //     id, the length and the offset. BTH TVer is 1 (wire::kTverOneCopy) so nothing else
@@ -26,12 +27,16 @@
 //     requester's.
 //   - What the peer can read is every page the requester's device registered (the memfds),
 //     not only the MR a packet names: a process of the same user could ptrace it anyway.
+// Only first transmissions go as descriptors: a resend (after a loss, or after the peer could
+// not resolve one) carries the bytes, so a QP always makes progress. A link whose peer hung
+// up is retired (its fd closed) and the QPs on it link again.
 // Off unless SOFTRNIC_ONE_COPY=1 at both ends (the responder must listen), in embedded hosting,
 // for RC SEND and WRITE payloads that lie in one shadowed piece of one SGE. A requester with
 // capture or faults attached (Engine::fault_engine_attached) sends payloads as usual. A
 // memfd the requester no longer uses is unmapped by the peer at the requester's next share.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -76,6 +81,8 @@ class OneCopy {
   // user, a full backlog) is asked again at most once a second. Stable pointer.
   Link* link(const wire::Endpoint& peer);
   static uint64_t token(const Link* l);
+  // The link's peer hung up or a send to it failed: link() again for a fresh one.
+  static bool broken(const Link* l);
   // Makes sure the link's peer has `b` mapped (sends its fd the first time, and tells it to
   // unmap the memfds this process dropped since). false: it cannot (send refused: use the
   // payload path for this packet).
@@ -92,6 +99,10 @@ class OneCopy {
   // Tests.
   static std::string name_for(const wire::Endpoint& ep);
   size_t imports() const;
+  // The next n resolves fail, as when a mapping cannot be made (responder side).
+  void fail_resolves_for_test(uint32_t n) { fail_for_test_.store(n); }
+  // Drops every peer's link and mappings, as a failed receive of a share would.
+  void drop_links_for_test();
 
  private:
   struct Import {
@@ -104,6 +115,8 @@ class OneCopy {
     std::unordered_map<uint32_t, Import> map;
   };
   OneCopy() = default;
+  static constexpr uint64_t kOutTag = uint64_t{1} << 32;  // epoll data of a link we made
+  void retire_locked(Link& l);
   void pump();                 // accepts peers and reads their messages (responder side)
   bool read_link(InLink& in);  // false: closed
   void drop_link(InLink& in);
@@ -121,6 +134,7 @@ class OneCopy {
   std::vector<std::unique_ptr<Link>> dead_;  // replaced links QPs may still point to
   mutable std::mutex in_mu_;
   std::vector<InLink> in_;
+  std::atomic<uint32_t> fail_for_test_{0};
 };
 
 }  // namespace rnic::emu

@@ -123,15 +123,24 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len) {
   return WcStatus::kSuccess;
 }
 
-// One copy (one_copy.h): when the payload of w's next packet (plen bytes at the cursor) lies
-// in one shadowed piece of one SGE and the peer device links with us, fills *d with a
-// descriptor of it and advances the cursor as gather() would. False: send it by value.
-bool one_copy_desc(Engine& e, Qp& qp, SendWqe& w, uint32_t plen, OneCopyDesc* d) {
+// One copy (one_copy.h): when the payload of w's next packet (plen bytes at the cursor, PSN
+// psn) lies in one shadowed piece of one SGE and the peer device links with us, fills *d with
+// a descriptor of it and advances the cursor as gather() would. False: send it by value.
+// Only a first transmission goes as a descriptor: whatever made a packet go again (a loss, or
+// a peer that could not resolve it: no mapping, no fd to spare, a link it dropped), its
+// resend carries the bytes, so a QP always makes progress.
+bool one_copy_desc(Engine& e, Qp& qp, SendWqe& w, uint32_t plen, uint32_t psn,
+                   OneCopyDesc* d) {
   OneCopy* oc = e.one_copy();
   ReqState& r = qp.req_;
-  if (oc == nullptr || r.oc_state == 2 || plen < kOneCopyMinBytes || w.is_inline ||
-      w.has_operand || qp.type() != QpType::kRc || e.fault_engine_attached())
+  if (oc == nullptr || plen < kOneCopyMinBytes || w.is_inline || w.has_operand ||
+      qp.type() != QpType::kRc || psn_diff(psn, r.max_psn) < 0 || e.fault_engine_attached())
     return false;
+  if (r.oc_state == 1 && OneCopy::broken(r.oc_link)) r.oc_state = 0;  // link again
+  if (r.oc_state == 2) {
+    if (wire::monotonic_ns() < r.oc_retry_ns) return false;
+    r.oc_state = 0;
+  }
   uint32_t i = w.sge_index, off = w.sge_offset;
   while (i < w.num_sge && off == w.sge[i].length) {
     ++i;
@@ -141,17 +150,21 @@ bool one_copy_desc(Engine& e, Qp& qp, SendWqe& w, uint32_t plen, OneCopyDesc* d)
   Device& dev = e.device();
   const Sge piece{w.sge[i].addr + off, plen, w.sge[i].lkey};
   uint64_t host = 0;
-  if (check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host) !=
-      WcStatus::kSuccess)
+  std::shared_ptr<Mr> mr;
+  if (check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host, nullptr,
+                  &mr) != WcStatus::kSuccess)
     return false;  // gather() reports it
-  std::shared_ptr<Mr> mr = dev.keys().find_mr(piece.lkey);
   std::shared_ptr<PinnedRange> pin = mr ? mr->pin() : nullptr;
   PinLoc loc;
   if (!pin || !pin->locate(host, plen, &loc)) return false;
   if (r.oc_state == 0) {
     r.oc_link = oc->link(r.dst);
+    r.oc_shared = 0;
     r.oc_state = r.oc_link != nullptr ? 1 : 2;
-    if (r.oc_state == 2) return false;
+    if (r.oc_state == 2) {
+      r.oc_retry_ns = wire::monotonic_ns() + 1'000'000'000;  // look again a second later
+      return false;
+    }
   }
   if (loc.backing->id != r.oc_shared) {
     if (!oc->share(r.oc_link, loc.backing)) return false;
@@ -388,7 +401,7 @@ bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
   OneCopyDesc desc;
   size_t hl;
   uint32_t wire_plen = plen;  // payload bytes on the wire
-  if (plen > 0 && one_copy_desc(e, x.qp, w, plen, &desc)) {
+  if (plen > 0 && one_copy_desc(e, x.qp, w, plen, k.psn, &desc)) {
     wire::PacketFields fd = f;
     fd.tver = wire::kTverOneCopy;
     wire_plen = kOneCopyDescBytes;
