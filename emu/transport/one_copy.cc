@@ -62,21 +62,19 @@ bool same_user(int fd) {
 }  // namespace
 
 void put_one_copy_desc(uint8_t* out, const OneCopyDesc& d) {
-  wire::store_be32(out, static_cast<uint32_t>(d.token >> 32));
-  wire::store_be32(out + 4, static_cast<uint32_t>(d.token));
+  wire::store_be64(out, d.token);
   wire::store_be32(out + 8, d.id);
   wire::store_be32(out + 12, d.len);
-  wire::store_be32(out + 16, static_cast<uint32_t>(d.off >> 32));
-  wire::store_be32(out + 20, static_cast<uint32_t>(d.off));
+  wire::store_be64(out + 16, d.off);
 }
 
 bool get_one_copy_desc(std::span<const uint8_t> in, OneCopyDesc* d) {
   if (in.size() != kOneCopyDescBytes) return false;
   const uint8_t* p = in.data();
-  d->token = (uint64_t{wire::load_be32(p)} << 32) | wire::load_be32(p + 4);
+  d->token = wire::load_be64(p);
   d->id = wire::load_be32(p + 8);
   d->len = wire::load_be32(p + 12);
-  d->off = (uint64_t{wire::load_be32(p + 16)} << 32) | wire::load_be32(p + 20);
+  d->off = wire::load_be64(p + 16);
   return true;
 }
 
