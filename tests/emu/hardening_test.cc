@@ -221,6 +221,41 @@ TEST_F(Hardening, S19_DeregMidMultiPacketWriteStopsTheRest) {
   for (size_t i = 0; i < GuardedBuf::kGuard; ++i) ASSERT_EQ(tbuf.mem[i], before[i]);
 }
 
+// S09 on the requester: C's source MR is deregistered (from inside the copy, so on the
+// requester's own thread) right after packet 4 of a 16-packet WRITE read its payload. The
+// requester keeps the MR it checked for the packets of one WQE (req.cc GatherCache); the
+// closed gate must still stop packet 5's gather: LOC_PROT_ERR, no read after the dereg, and
+// S holds only the 4 KiB that went before it.
+TEST_F(Hardening, S09_DeregMidMultiPacketSourceStopsTheGather) {
+  const auto before = std::vector<uint8_t>(tbuf.mem.begin(), tbuf.mem.end());
+  auto hm = hook_target(c, lbuf, ml, [&] { EXPECT_TRUE(c.dev->dereg_mr(ml).is_ok()); });
+  hm->fire_read = 4;
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kLocProtErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(qc->state(), QpState::kErr);
+  EXPECT_EQ(hm->reads, 4);  // no read after the dereg
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 4 * 1024));
+  for (size_t i = GuardedBuf::kGuard + 4 * 1024; i < tbuf.mem.size(); ++i)
+    ASSERT_EQ(tbuf.mem[i], before[i]) << "byte " << i - GuardedBuf::kGuard << " changed";
+}
+
+// The same WRITE without a dereg reads each of its 16 pieces once: the kept MR changes how
+// often the key is looked up, not what is copied.
+TEST_F(Hardening, MultiPacketSourceIsReadOncePerPacket) {
+  auto hm = hook_target(c, lbuf, ml, nullptr);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(hm->reads, 16);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+}
+
 // S19 (READ): a 16 KiB READ; S's MR is deregistered right after response 5 read its data.
 // Response 6 fails its rkey re-check (NAK 0x62, S -> ERR), responses 6.. are never sent, C
 // gets REM_ACCESS_ERR and holds no byte from after the invalidation point.
