@@ -53,7 +53,15 @@ int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
   n_ = 0;
   used_ = 0;
   run_open_ = false;
+  ++flushes_;
   return off;
+}
+
+void TxBatch::move_last_to(int pos) {
+  const wire::TxDesc last = descs_[n_ - 1];
+  for (int i = n_ - 1; i > pos; --i) descs_[i] = descs_[i - 1];
+  descs_[pos] = last;
+  run_open_ = false;
 }
 
 // True on an engine's progress thread (set once there).
@@ -490,6 +498,22 @@ int Engine::drain_locked(int budget) {
       if (d.truncated) {
         ctr_.add(Ctr::kDropMalformed);
         continue;
+      }
+      if (d.seg_size != 0 && d.seg_size < d.len) {
+        // Requests with an ACK as the short last segment: an ACK that rode a post as the tail
+        // of its GSO datagram (req_run). Its sender took it before the requests, so it is
+        // handled first, as if it had come first: a completion of the reply is never visible
+        // ahead of the ACK of the message it answers. The two are of the QP's two directions,
+        // so nothing else depends on their order.
+        const uint32_t nseg = (d.len + d.seg_size - 1) / d.seg_size;
+        const uint32_t last = (nseg - 1) * d.seg_size;
+        if (d.len - last < d.seg_size && d.buf[last] == wire::op::kRcAcknowledge &&
+            (wire::opcode_info(d.buf[0]).mask & wire::kReqMask) != 0) {
+          recv_packet(*this, d, std::span<uint8_t>(d.buf + last, d.len - last), nseg - 1);
+          for (uint32_t k = 0; k + 1 < nseg; ++k)
+            recv_packet(*this, d, std::span<uint8_t>(d.buf + k * d.seg_size, d.seg_size), k);
+          continue;
+        }
       }
       wire::for_each_segment(d, [&](std::span<uint8_t> seg, uint32_t idx) {
         recv_packet(*this, d, seg, idx);

@@ -117,6 +117,12 @@ struct EngineConfig {
   // ping-pong's last message waits at most this long for the answer behind it before it
   // returns (Engine::linger_rx). 0 = never.
   uint64_t linger_ns = 5'000;
+  // With ack_hold_ns and GSO: a requester run takes the held ACK after its requests, as the
+  // short last segment of their GSO datagram (one datagram per ping-pong answer, not two;
+  // the receiver's drain handles such an ACK first); one that does not fit goes as its own
+  // datagram ahead of them. Never while a fault engine (capture, faults) is attached. Off by
+  // default (docs/progress.md: a perftest -R failure under load not yet understood).
+  bool ack_tail = false;
   // One copy between two devices of one host (emu/transport/one_copy.h, SOFTRNIC_ONE_COPY):
   // listen for peers on the abstract socket of the port's first address, and send RC SEND /
   // WRITE payloads as descriptors of the registered pages to a peer that listens too.
@@ -169,16 +175,28 @@ class TxBatch {
     used_ += len;
   }
   bool full() const { return n_ == kMaxDescs || used_ + kSlotBytes > kArenaBytes; }
+  // While set, a packet no longer than the open run's segments joins it as its last
+  // segment whatever the run's size (an ACK riding a post as the tail of its GSO datagram:
+  // req_run, docs/progress.md).
+  void allow_tail(bool on) { tail_ok_ = on; }
+  // The next packet starts a datagram of its own (no earlier run is extended).
+  void close_run() { run_open_ = false; }
+  // Times flush() emptied the batch (a descriptor index taken before is stale after it).
+  uint32_t flushes() const { return flushes_; }
+  // Moves the last descriptor to index `pos`, ahead of those from pos on (which keep their
+  // order), and closes the open run. REQUIRES: pos < size().
+  void move_last_to(int pos);
   int size() const { return n_; }
   // Sends everything queued (retrying partial sends); returns descriptors handed over.
   int flush(wire::Port& port, Counters& dev_ctr);
 
  private:
   bool joins_run(const wire::Endpoint& dst, uint32_t len, bool small) const {
-    // Small packets (ACKs) gain nothing from GSO; keeping them single also keeps captures
-    // and filters, which cannot see IP IDs, exact for them.
+    // Small packets (ACKs) gain nothing from GSO runs of their own; keeping them single also
+    // keeps captures and filters, which cannot see IP IDs, exact for them. The exception is an
+    // ACK riding a post as the tail of its requests' run (allow_tail; never with a filter).
     if (gso_max_ <= 1 || n_ == 0 || !run_open_) return false;
-    if (seg_ < kMinGsoSegment && !(small && run_small_)) return false;
+    if (seg_ < kMinGsoSegment && !(small && run_small_) && !tail_ok_) return false;
     const wire::TxDesc& d = descs_[n_ - 1];
     return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
            d.len + len <= kMaxGsoBytes && d.dst == dst;
@@ -191,6 +209,8 @@ class TxBatch {
   uint32_t seg_ = 0, segs_ = 0;
   bool run_open_ = false;
   bool run_small_ = false;  // the open run is of one-copy descriptors
+  bool tail_ok_ = false;
+  uint32_t flushes_ = 0;
 };
 
 // The calling thread's TxBatch (allocated on first use, then reused).
@@ -233,6 +253,8 @@ class Engine final : public TransportHooks {
   // detach it only when it holds no packet.
   void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
   bool fault_engine_attached() const { return fault_.load(std::memory_order_acquire) != nullptr; }
+  // Whether outgoing packets may be merged into UDP GSO datagrams.
+  bool gso() const { return gso_; }
   // The one-copy link table (nullptr: EngineConfig::one_copy off, or it could not listen).
   OneCopy* one_copy() const { return oc_.get(); }
 

@@ -524,6 +524,9 @@ void req_run(Engine& e, Qp& qp) {
   ReqRun x{e, qp, r, c, e.device(), qp.type(), is_reliable(qp.type()), st, e.tx_batch(),
            e.port().local()};
   Ring<SendWqe>& sq = qp.sq();
+  bool ack_tail = false;
+  int tail_first = 0;
+  uint32_t tail_flushes = 0;
   while (r.pos < sq.size()) {
     SendWqe& w = sq.at(r.pos);
     const Pick pick = pick_wqe(x, w);
@@ -534,7 +537,18 @@ void req_run(Engine& e, Qp& qp) {
     }
     if (window_full(x)) break;
     // Every request goes after the ACK this QP's responder owes (Engine::take_ack).
-    if (!x.sent) e.take_ack(qp, x.tx);
+    if (!x.sent) {
+      // With GSO and nothing watching the packets, the held ACK is taken after the requests
+      // instead, as the last segment of their datagram (below): one datagram per answer.
+      if (e.config().ack_tail && e.gso() && !e.fault_engine_attached()) {
+        ack_tail = true;
+        x.tx.close_run();
+        tail_first = x.tx.size();
+        tail_flushes = x.tx.flushes();
+      } else {
+        e.take_ack(qp, x.tx);
+      }
+    }
     ReqPkt k;
     build_packet(x, w, k);
     if (!emit_packet(x, w, k)) break;
@@ -542,6 +556,19 @@ void req_run(Engine& e, Qp& qp) {
     if (k.last) x.gc.reset();
   }
   x.gc.reset();
+  if (ack_tail) {
+    // The ACK joins the run of this run's requests as its short last segment when it fits
+    // (a ping-pong's answer: one request packet); the receiver handles it first (drain).
+    // Else it is a datagram of its own, put ahead of this run's requests, where it would
+    // have been. Only a batch flushed meanwhile (a run of more than 128 datagrams) lets some
+    // requests leave before it.
+    const int before = x.tx.size();
+    x.tx.allow_tail(true);
+    e.take_ack(qp, x.tx);
+    x.tx.allow_tail(false);
+    if (x.tx.size() > before && x.tx.flushes() == tail_flushes && tail_first < before)
+      x.tx.move_last_to(tail_first);
+  }
   send_batch(x);
 }
 

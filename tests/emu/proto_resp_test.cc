@@ -737,13 +737,16 @@ TEST_F(RespTest, UcBadRkeyIsDroppedQpStaysRts) {
 // kHoldNs, kLingerNs: EngineConfig::ack_hold_ns, linger_ns (LingerTest's linger is 10 s: a
 // linger that should not happen then takes 10 s and counts linger_expired, which the test
 // sees).
-template <uint64_t kHoldNs, uint64_t kLingerNs>
+// kTail: EngineConfig::ack_tail (off: the held ACK goes as its own datagram ahead of the
+// answer, the layout most tests here check; AckTailTest checks the tail).
+template <uint64_t kHoldNs, uint64_t kLingerNs, bool kTail = false>
 class HoldFixture : public ::testing::Test {
  protected:
   static EngineConfig hold_config() {
     EngineConfig ec;
     ec.ack_hold_ns = kHoldNs;
     ec.linger_ns = kLingerNs;
+    ec.ack_tail = kTail;
     return ec;
   }
   wire::MemNetwork net;
@@ -837,6 +840,106 @@ constexpr uint64_t kHourNs = 3'600'000'000'000ull;
 using AckHoldTest = HoldFixture<kHourNs, 5'000>;
 using LingerTest = HoldFixture<kHourNs, 10'000'000'000ull>;
 using LingerEndTest = HoldFixture<50'000'000, 1'000'000>;  // hold 50 ms, linger 1 ms
+using AckTailTest = HoldFixture<kHourNs, 5'000, true>;
+
+// With ack_tail the held ACK rides the answer as the short last segment of the answer's
+// GSO datagram: segment 0 the SEND, segment 1 the ACK (IP IDs 0 and 1).
+TEST_F(AckTailTest, HeldAckRidesAsTheLastSegmentOfTheAnswer) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());  // held
+  auto out = answer(2);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].opcode(), op::kRcSendOnly);
+  EXPECT_EQ(out[0].psn(), 501u);
+  EXPECT_EQ(out[0].ip_id, 0u);
+  EXPECT_EQ(out[1].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[1].psn(), kEpsn + 1);
+  EXPECT_EQ(out[1].ip_id, 1u);  // the same datagram
+  EXPECT_EQ(ctr(Ctr::kAckOnPost), 1u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 2u);
+}
+
+// An ACK that cannot be the last segment (a 0-byte SEND is shorter than an ACK; a message of
+// several packets ends its run with a short one) goes as a datagram of its own, ahead of the
+// answer, where it went without the tail.
+TEST_F(AckTailTest, AckThatCannotBeTheTailGoesAheadOfTheAnswer) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 2, {})).is_ok());
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+  EXPECT_EQ(out[1].opcode(), op::kRcSendOnly);
+  EXPECT_EQ(out[0].ip_id, 0u);
+  EXPECT_EQ(out[1].ip_id, 0u);
+  peer_ack(out[1].psn());
+  s.eng->poll_rx();
+  ASSERT_TRUE(peer_send(kEpsn + 2).empty());
+  // Three packets (MTU 1024) of 2100 bytes: the run ends with a short segment.
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 3, {sge(sbuf.data(), 2100, msb)})).is_ok());
+  out = p.recv_all();
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 2);
+  EXPECT_EQ(out[1].opcode(), op::kRcSendFirst);
+  EXPECT_EQ(out[3].opcode(), op::kRcSendLast);
+  EXPECT_EQ(ctr(Ctr::kAckOnPost), 2u);
+}
+
+// The receiving side: a GRO buffer whose short last segment is an ACK behind a request is
+// handled ACK first, so the completion of the message the ACK acknowledges comes before the
+// answer's (one CQ for both here shows the order).
+class AckTailRxTest : public AckTailTest {
+ protected:
+  void SetUp() override {
+    s.rcq = s.scq;
+    AckTailTest::SetUp();
+    static_cast<wire::MemPort&>(s.eng->port()).set_gro(true);
+  }
+};
+
+TEST_F(AckTailRxTest, AckTailOfAGroBufferIsHandledFirst) {
+  ASSERT_TRUE(post(qp, send_wr(WrOpcode::kSend, 7, {sge(sbuf.data(), 32, msb)})).is_ok());
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  const uint32_t sent_psn = out[0].psn();
+  // The peer's answer and, as the tail of the same GSO datagram, its ACK of our SEND.
+  wire::PacketFields req;
+  req.opcode = op::kRcSendOnly;
+  req.dest_qp = qp->qpn();
+  req.psn = kEpsn;
+  req.ack_req = true;
+  wire::PacketFields ack;
+  ack.opcode = op::kRcAcknowledge;
+  ack.dest_qp = qp->qpn();
+  ack.psn = sent_psn;
+  ack.syndrome = aeth::ack(aeth::kCreditInvalid);
+  ack.msn = 1;
+  std::vector<uint8_t> b(8192);
+  wire::IpUdpMeta m = p.meta();
+  m.ip_id = 0;
+  const std::vector<uint8_t> pay = bytes(16, 0x5a);
+  const size_t n0 = wire::build_roce(b, req, pay, m);
+  m.ip_id = 1;
+  const size_t n1 = wire::build_roce(std::span<uint8_t>(b).subspan(n0), ack, {}, m);
+  ASSERT_GT(n0, n1);
+  wire::TxDesc t;
+  t.dst = p.dut;
+  t.data = b.data();
+  t.len = static_cast<uint32_t>(n0 + n1);
+  t.gso_size = static_cast<uint16_t>(n0);
+  ASSERT_EQ(p.port->send_batch(std::span<const wire::TxDesc>(&t, 1)), 1);
+  s.eng->poll_rx();
+  auto cq = drain_cq(*s.scq);
+  ASSERT_EQ(cq.size(), 2u);
+  EXPECT_EQ(cq[0].wr_id, 7u) << "the ACK's send completion first";
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(cq[1].wr_id, 0u) << "then the answer's receive";
+  EXPECT_EQ(cq[1].status, WcStatus::kSuccess);
+}
 
 TEST_F(AckHoldTest, AckRidesTheAnswerOnceTheApplicationAnswers) {
   // Given a QP whose application has not answered yet: the ACK goes when the batch ends.

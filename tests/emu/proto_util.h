@@ -320,6 +320,7 @@ struct Captured {
   uint8_t opcode() const { return v.opcode; }
   uint32_t psn() const { return f.psn; }
   uint8_t syndrome() const { return f.syndrome; }
+  uint16_t ip_id = 0;  // segment k of a GSO datagram arrives with k (MemPort)
 };
 
 // A hand-driven RoCE endpoint attached to the MemNetwork.
@@ -371,6 +372,7 @@ struct Peer {
       m.ip_id = d.ip_id;
       EXPECT_TRUE(wire::icrc_check(m, buf)) << "device sent a packet with a bad ICRC";
       Captured c;
+      c.ip_id = d.ip_id;
       c.bytes = std::move(buf);
       EXPECT_EQ(wire::parse_roce(c.bytes, &c.v), wire::ParseError::kOk);
       c.f = c.v.fields();
