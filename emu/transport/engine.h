@@ -120,9 +120,8 @@ struct EngineConfig {
   // With ack_hold_ns and GSO: a requester run takes the held ACK after its requests, as the
   // short last segment of their GSO datagram (one datagram per ping-pong answer, not two;
   // the receiver's drain handles such an ACK first); one that does not fit goes as its own
-  // datagram ahead of them. Never while a fault engine (capture, faults) is attached. Off by
-  // default (docs/progress.md: a perftest -R failure under load not yet understood).
-  bool ack_tail = false;
+  // datagram ahead of them. Never while a fault engine (capture, faults) is attached.
+  bool ack_tail = true;
   // One copy between two devices of one host (emu/transport/one_copy.h, SOFTRNIC_ONE_COPY):
   // listen for peers on the abstract socket of the port's first address, and send RC SEND /
   // WRITE payloads as descriptors of the registered pages to a peer that listens too.
