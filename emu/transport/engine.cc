@@ -53,7 +53,6 @@ int TxBatch::flush(wire::Port& port, Counters& dev_ctr) {
   n_ = 0;
   used_ = 0;
   run_open_ = false;
-  ++flushes_;
   return off;
 }
 
@@ -505,10 +504,19 @@ int Engine::drain_locked(int budget) {
         // handled first, as if it had come first: a completion of the reply is never visible
         // ahead of the ACK of the message it answers. The two are of the QP's two directions,
         // so nothing else depends on their order.
+        // Only when every segment before it is a request to the ACK's QP: kernel GRO may merge
+        // other datagrams from the peer (another QP's requests, READ responses that must be
+        // handled before a later ACK).
         const uint32_t nseg = (d.len + d.seg_size - 1) / d.seg_size;
         const uint32_t last = (nseg - 1) * d.seg_size;
-        if (d.len - last < d.seg_size && d.buf[last] == wire::op::kRcAcknowledge &&
-            (wire::opcode_info(d.buf[0]).mask & wire::kReqMask) != 0) {
+        bool ack_tail = d.len - last < d.seg_size && d.len - last >= wire::kBthBytes &&
+                        d.seg_size >= wire::kBthBytes && d.buf[last] == wire::op::kRcAcknowledge;
+        for (uint32_t k = 0; ack_tail && k + 1 < nseg; ++k) {
+          const uint8_t* h = d.buf + k * d.seg_size;
+          ack_tail = (wire::opcode_info(h[0]).mask & wire::kReqMask) != 0 &&
+                     std::memcmp(h + 5, d.buf + last + 5, 3) == 0;  // BTH DestQP
+        }
+        if (ack_tail) {
           recv_packet(*this, d, std::span<uint8_t>(d.buf + last, d.len - last), nseg - 1);
           for (uint32_t k = 0; k + 1 < nseg; ++k)
             recv_packet(*this, d, std::span<uint8_t>(d.buf + k * d.seg_size, d.seg_size), k);

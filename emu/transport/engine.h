@@ -120,8 +120,9 @@ struct EngineConfig {
   // With ack_hold_ns and GSO: a requester run takes the held ACK after its requests, as the
   // short last segment of their GSO datagram (one datagram per ping-pong answer, not two;
   // the receiver's drain handles such an ACK first); one that does not fit goes as its own
-  // datagram ahead of them. Never while a fault engine (capture, faults) is attached.
-  bool ack_tail = true;
+  // datagram ahead of them. Never while a fault engine (capture, faults) is attached. Off by
+  // default (docs/progress.md: a perftest -R failure in the full suite not yet understood).
+  bool ack_tail = false;
   // One copy between two devices of one host (emu/transport/one_copy.h, SOFTRNIC_ONE_COPY):
   // listen for peers on the abstract socket of the port's first address, and send RC SEND /
   // WRITE payloads as descriptors of the registered pages to a peer that listens too.
@@ -174,14 +175,16 @@ class TxBatch {
     used_ += len;
   }
   bool full() const { return n_ == kMaxDescs || used_ + kSlotBytes > kArenaBytes; }
+  // Room for n more packets without a flush.
+  bool room_for(int n) const {
+    return n_ + n <= kMaxDescs && used_ + static_cast<size_t>(n) * kSlotBytes <= kArenaBytes;
+  }
   // While set, a packet no longer than the open run's segments joins it as its last
   // segment whatever the run's size (an ACK riding a post as the tail of its GSO datagram:
   // req_run, docs/progress.md).
   void allow_tail(bool on) { tail_ok_ = on; }
   // The next packet starts a datagram of its own (no earlier run is extended).
   void close_run() { run_open_ = false; }
-  // Times flush() emptied the batch (a descriptor index taken before is stale after it).
-  uint32_t flushes() const { return flushes_; }
   // Moves the last descriptor to index `pos`, ahead of those from pos on (which keep their
   // order), and closes the open run. REQUIRES: pos < size().
   void move_last_to(int pos);
@@ -197,6 +200,8 @@ class TxBatch {
     if (gso_max_ <= 1 || n_ == 0 || !run_open_) return false;
     if (seg_ < kMinGsoSegment && !(small && run_small_) && !tail_ok_) return false;
     const wire::TxDesc& d = descs_[n_ - 1];
+    // A tail must be shorter than the run's segments: that is how the receiver tells it.
+    if (tail_ok_ && len >= seg_) return false;
     return len <= seg_ && segs_ < static_cast<uint32_t>(gso_max_) &&
            d.len + len <= kMaxGsoBytes && d.dst == dst;
   }
@@ -209,7 +214,6 @@ class TxBatch {
   bool run_open_ = false;
   bool run_small_ = false;  // the open run is of one-copy descriptors
   bool tail_ok_ = false;
-  uint32_t flushes_ = 0;
 };
 
 // The calling thread's TxBatch (allocated on first use, then reused).

@@ -90,24 +90,28 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
 // gate entry, about nine atomic read-modify-writes on lines that the posting thread and the
 // progress thread (which runs the requester after ACKs) both write: ~9% of ib_write_bw's CPU
 // (docs/progress.md). While the guard is held the MR's view cannot change (dereg and rereg
-// wait for it), so the next packets of that SGE only check the range; a gate that closed
-// meanwhile (dereg or rereg started on another thread) drops the cache, and the full check
-// then refuses as it would have. Reset at each WQE's end, so no local operation of the same
+// wait for it), so the next packets of that SGE only check the range, the key and that the
+// gate is open; a gate that closed meanwhile (dereg or rereg started on another thread) or a
+// key that changed (rereg from inside a copy on this thread) drops the cache, and the full
+// check then refuses as it would have. Reset at each WQE's end, so no local operation of the same
 // run (LOCAL_INV, BIND_MW) runs while it is held.
 struct GatherCache {
   const SendWqe* w = nullptr;
   uint32_t sge = 0;
   MrView v;
   AccessGuard g;
-  const AccessGate* gate = nullptr;
+  const Mr* mr = nullptr;  // kept alive by g
 
+  // The key check catches a rereg on this thread (from inside a copy: a MemAccess hook), which
+  // close_and_drain does not wait for and which reopens the gate: a new translation or PD
+  // always comes with a new key (Device::rereg_mr).
   bool covers(const SendWqe& wqe, uint32_t i, const Sge& piece) const {
-    return w == &wqe && sge == i && g.held() && !gate->closed() &&
+    return w == &wqe && sge == i && g.held() && !mr->gate().closed() && mr->lkey() == v.key &&
            v.in_range(piece.addr, piece.length);
   }
   void reset() {
     w = nullptr;
-    gate = nullptr;
+    mr = nullptr;
     g.reset();
   }
 };
@@ -150,7 +154,7 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len,
         gc->w = &w;
         gc->sge = w.sge_index;
         gc->v = mr->view();  // what check_local saw: the guard keeps it so
-        gc->gate = &mr->gate();
+        gc->mr = mr.get();
         gc->g = std::move(g);
       }
     }
@@ -259,6 +263,10 @@ struct ReqRun {
   const wire::Endpoint local;
   bool sent = false;  // a packet of ours went into the batch
   GatherCache gc;     // the MR of the current WQE's payload (gather)
+  // A held ACK still to be taken after this run's requests (EngineConfig::ack_tail), and the
+  // index of the run's first descriptor in tx, where it goes if it cannot be their tail.
+  bool ack_tail = false;
+  int tail_first = 0;
 };
 
 // One request packet: its header fields and how far it moves the WQE.
@@ -430,6 +438,21 @@ void build_packet(const ReqRun& x, const SendWqe& w, ReqPkt& k) {
   }
 }
 
+// Takes the held ACK of an ack_tail run: the short last segment of the run's requests' GSO
+// run when it is shorter than they are (the receiver handles such an ACK first:
+// Engine::drain_locked), else a datagram of its own moved ahead of the run's requests, where
+// it went without the tail. emit_packet calls it while the batch still has room for it, so
+// no request of the run leaves before it.
+void place_held_ack(ReqRun& x) {
+  if (!x.ack_tail) return;
+  x.ack_tail = false;
+  const int before = x.tx.size();
+  x.tx.allow_tail(true);
+  x.e.take_ack(x.qp, x.tx);
+  x.tx.allow_tail(false);
+  if (x.tx.size() > before && x.tail_first < before) x.tx.move_last_to(x.tail_first);
+}
+
 // Step 3: writes the packet into the thread's batch (headers, gathered payload, ICRC).
 // False (w failed) when the gather fails its local checks.
 bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
@@ -438,6 +461,8 @@ bool emit_packet(ReqRun& x, SendWqe& w, ReqPkt& k) {
   TxBatch& tx = x.tx;
   const wire::PacketFields& f = k.f;
   const uint32_t plen = k.plen;
+  // A held ACK goes before the batch can fill: a flush would send requests ahead of it.
+  if (x.ack_tail && !tx.room_for(2)) place_held_ack(x);
   if (tx.full()) {
     e.flush(tx);
   }
@@ -524,9 +549,6 @@ void req_run(Engine& e, Qp& qp) {
   ReqRun x{e, qp, r, c, e.device(), qp.type(), is_reliable(qp.type()), st, e.tx_batch(),
            e.port().local()};
   Ring<SendWqe>& sq = qp.sq();
-  bool ack_tail = false;
-  int tail_first = 0;
-  uint32_t tail_flushes = 0;
   while (r.pos < sq.size()) {
     SendWqe& w = sq.at(r.pos);
     const Pick pick = pick_wqe(x, w);
@@ -541,10 +563,9 @@ void req_run(Engine& e, Qp& qp) {
       // With GSO and nothing watching the packets, the held ACK is taken after the requests
       // instead, as the last segment of their datagram (below): one datagram per answer.
       if (e.config().ack_tail && e.gso() && !e.fault_engine_attached()) {
-        ack_tail = true;
+        x.ack_tail = true;
         x.tx.close_run();
-        tail_first = x.tx.size();
-        tail_flushes = x.tx.flushes();
+        x.tail_first = x.tx.size();
       } else {
         e.take_ack(qp, x.tx);
       }
@@ -556,19 +577,7 @@ void req_run(Engine& e, Qp& qp) {
     if (k.last) x.gc.reset();
   }
   x.gc.reset();
-  if (ack_tail) {
-    // The ACK joins the run of this run's requests as its short last segment when it fits
-    // (a ping-pong's answer: one request packet); the receiver handles it first (drain).
-    // Else it is a datagram of its own, put ahead of this run's requests, where it would
-    // have been. Only a batch flushed meanwhile (a run of more than 128 datagrams) lets some
-    // requests leave before it.
-    const int before = x.tx.size();
-    x.tx.allow_tail(true);
-    e.take_ack(qp, x.tx);
-    x.tx.allow_tail(false);
-    if (x.tx.size() > before && x.tx.flushes() == tail_flushes && tail_first < before)
-      x.tx.move_last_to(tail_first);
-  }
+  place_held_ack(x);
   send_batch(x);
 }
 

@@ -243,6 +243,29 @@ TEST_F(Hardening, S09_DeregMidMultiPacketSourceStopsTheGather) {
     ASSERT_EQ(tbuf.mem[i], before[i]) << "byte " << i - GuardedBuf::kGuard << " changed";
 }
 
+// The same with a rereg to other pages from inside packet 4's copy: the gate is open again
+// when packet 5 is built (close_and_drain does not wait for this thread's own guard), but the
+// key changed, so the kept view is not used: the old lkey is refused, nothing more is read.
+TEST_F(Hardening, S09_ReregMidMultiPacketSourceStopsTheGather) {
+  GuardedBuf other{64 * 1024};
+  auto hm = hook_target(c, lbuf, ml, [&] {
+    EXPECT_TRUE(c.dev->rereg_mr(ml, kReregChangeTranslation, nullptr,
+                                reinterpret_cast<uint64_t>(other.data()), other.n,
+                                kAccessLocalWrite)
+                    .is_ok());
+  });
+  hm->fire_read = 4;
+  const uint32_t old_key = ml->lkey();
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  EXPECT_NE(ml->lkey(), old_key);
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kLocProtErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(hm->reads, 4);
+}
+
 // The same WRITE without a dereg reads each of its 16 pieces once: the kept MR changes how
 // often the key is looked up, not what is copied.
 TEST_F(Hardening, MultiPacketSourceIsReadOncePerPacket) {
