@@ -153,11 +153,13 @@ done
 # perftest -R's client connects twice, and its second REQ can beat the server's second
 # rdma_listen (the server was between its control and its data connection): rejected with
 # reason 8. That is start-up order too, but only a new pair can retry it: the server waits
-# in its listen for good. The failed try's output is shown, not dropped.
+# in its listen for good. The failed try's output is shown, not dropped. Five pairs: on a
+# loaded 2-core machine three in a row lost that race (2026-12-05: 1 of 6 daemon pairs of
+# the landed tree failed all three, docs/progress.md).
 # Only a server that listened and is still waiting (alive) is retried: one that crashed or
 # exited (its second listen never came) is a result, not start-up order.
 if [ "$tries" = 1 ] && [ "$up" = 1 ] && [ "$crc" -ne 0 ] && kill -0 "$spid" 2>/dev/null &&
-   grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && [ "$pair_try" -lt 3 ]; then
+   grep -Eq 'REJECTED[^0-9]*8\b' "$work/client.out" && [ "$pair_try" -lt 5 ]; then
   kill "$spid" 2>/dev/null
   wait "$spid"
   src=$?
@@ -177,7 +179,7 @@ src=$?
 return 0
 }
 
-for pair_try in 1 2 3; do
+for pair_try in 1 2 3 4 5; do
   run_pair && break
 done
 
