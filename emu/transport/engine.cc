@@ -63,6 +63,34 @@ void TxBatch::move_last_to(int pos) {
   run_open_ = false;
 }
 
+namespace {
+
+// The index of a GRO buffer's last segment when it is an ACK that rode a post as the tail of
+// its GSO datagram (req_run, EngineConfig::ack_tail), else 0: an RC ACK, shorter than the
+// segments before it, each of them a request to the ACK's QP. Its sender took it before the
+// requests, so it is handled first, as if it had come first: a completion of the reply is
+// never visible ahead of the ACK of the message it answers (the two are of the QP's two
+// directions, so nothing else depends on their order). Only behind requests to its own QP:
+// kernel GRO may merge other datagrams of the peer (another QP's requests, READ responses
+// that must be handled before a later ACK).
+uint32_t ack_tail_index(const wire::RxDesc& d) {
+  if (d.seg_size < wire::kBthBytes || d.seg_size >= d.len) return 0;
+  const uint32_t nseg = (d.len + d.seg_size - 1) / d.seg_size;
+  const uint32_t last = (nseg - 1) * d.seg_size;
+  if (d.len - last >= d.seg_size || d.len - last < wire::kBthBytes) return 0;
+  const wire::BthT<const uint8_t> ack(d.buf + last);
+  if (ack.opcode() != wire::op::kRcAcknowledge) return 0;
+  for (uint32_t k = 0; k + 1 < nseg; ++k) {
+    const wire::BthT<const uint8_t> req(d.buf + k * d.seg_size);
+    if (!(wire::opcode_info(req.opcode()).mask & wire::kReqMask) ||
+        req.dest_qp() != ack.dest_qp())
+      return 0;
+  }
+  return nseg - 1;
+}
+
+}  // namespace
+
 // True on an engine's progress thread (set once there).
 thread_local bool t_progress_thread = false;
 // The engine whose receive batch this thread is running (drain_locked; rx_mu_ held).
@@ -498,33 +526,14 @@ int Engine::drain_locked(int budget) {
         ctr_.add(Ctr::kDropMalformed);
         continue;
       }
-      if (d.seg_size != 0 && d.seg_size < d.len) {
-        // Requests with an ACK as the short last segment: an ACK that rode a post as the tail
-        // of its GSO datagram (req_run). Its sender took it before the requests, so it is
-        // handled first, as if it had come first: a completion of the reply is never visible
-        // ahead of the ACK of the message it answers. The two are of the QP's two directions,
-        // so nothing else depends on their order.
-        // Only when every segment before it is a request to the ACK's QP: kernel GRO may merge
-        // other datagrams from the peer (another QP's requests, READ responses that must be
-        // handled before a later ACK).
-        const uint32_t nseg = (d.len + d.seg_size - 1) / d.seg_size;
-        const uint32_t last = (nseg - 1) * d.seg_size;
-        bool ack_tail = d.len - last < d.seg_size && d.len - last >= wire::kBthBytes &&
-                        d.seg_size >= wire::kBthBytes && d.buf[last] == wire::op::kRcAcknowledge;
-        for (uint32_t k = 0; ack_tail && k + 1 < nseg; ++k) {
-          const uint8_t* h = d.buf + k * d.seg_size;
-          ack_tail = (wire::opcode_info(h[0]).mask & wire::kReqMask) != 0 &&
-                     std::memcmp(h + 5, d.buf + last + 5, 3) == 0;  // BTH DestQP
-        }
-        if (ack_tail) {
-          recv_packet(*this, d, std::span<uint8_t>(d.buf + last, d.len - last), nseg - 1);
-          for (uint32_t k = 0; k + 1 < nseg; ++k)
-            recv_packet(*this, d, std::span<uint8_t>(d.buf + k * d.seg_size, d.seg_size), k);
-          continue;
-        }
+      // An ACK tail (ack_tail_index) is handled first, then the requests ahead of it.
+      const uint32_t tail = ack_tail_index(d);
+      if (tail != 0) {
+        const uint32_t off = tail * d.seg_size;
+        recv_packet(*this, d, std::span<uint8_t>(d.buf + off, d.len - off), tail);
       }
       wire::for_each_segment(d, [&](std::span<uint8_t> seg, uint32_t idx) {
-        recv_packet(*this, d, seg, idx);
+        if (tail == 0 || idx != tail) recv_packet(*this, d, seg, idx);
       });
     }
     total += n;

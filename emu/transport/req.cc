@@ -142,11 +142,11 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len,
     Sge piece{s.addr + w.sge_offset, n, s.lkey};
     uint64_t host = 0;
     AccessGuard g;  // held until the read returned: dereg waits for it (issue 10 item 3)
-    std::shared_ptr<Mr> mr;
     if (gc != nullptr && gc->covers(w, w.sge_index, piece)) {
       host = gc->v.translate(piece.addr);
     } else {
       if (gc != nullptr) gc->reset();
+      std::shared_ptr<Mr> mr;
       WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors,
                                 &host, &g, gc != nullptr ? &mr : nullptr);
       if (st != WcStatus::kSuccess) return st;
