@@ -87,7 +87,8 @@ const VarDecl kVars[] = {
      .help = "ACKs ride posts: an ACK owed at the end of a receive that an application's "
              "poll_cq ran waits this long for the QP's next requester run (a post), once the "
              "QP's application answers within it, and goes in that run's batch ahead of its "
-             "requests (else alone; counters ack_on_post, ack_hold_expired); on 2 cores "
+             "requests (else alone, at once when the application enters the CM or waits in "
+             "ibv_get_cq_event; counters ack_on_post, ack_hold_expired); on 2 cores "
              "ib_send_lat -20% (docs/progress.md; 0: every ACK goes when its receive batch "
              "ends; at most 150, below the 200 us probe timer)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 150,

@@ -63,6 +63,7 @@ RDMACM_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo* res) {
 
 RDMACM_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const struct rdma_addrinfo* hints,
                                    struct rdma_addrinfo** res) {
+  left_data_path();
   return guard([&]() -> int {
     if (res == nullptr) return fail(EINVAL);
     if (node == nullptr && service == nullptr && hints == nullptr) return EAI_NONAME;

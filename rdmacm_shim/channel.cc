@@ -207,6 +207,7 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
 }
 
 RDMACM_EXPORT int rdma_get_cm_event(struct rdma_event_channel* channel, struct rdma_cm_event** event) {
+  left_data_path();
   return guard([&] {
     int rc = ucma_init();
     if (rc != 0) return fail(rc);

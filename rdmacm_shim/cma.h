@@ -152,6 +152,10 @@ Global& g();
 // Opens the devices once (ENODEV: none, or the libibverbs in the process is not ours).
 // Returns 0 or an errno. Takes g().mu itself.
 int ucma_init();
+// The calling thread is in the CM, off the data path: each device sends the ACKs it held for
+// this process's next post now (softrnic_cm_ops::left_data_path). Called first by the calls
+// that set up or take down a connection and by rdma_get_cm_event. Takes g().mu itself.
+void left_data_path() noexcept;
 Device* device_for_ctx(ibv_context* c);  // REQUIRES g().mu
 // Addresses as GIDs (cm-notes §3.4): an AF_INET address is the GID ::ffff:a.b.c.d, an
 // AF_INET6 one its 16 bytes (so a v4-mapped AF_INET6 address is the IPv4 GID).

@@ -79,6 +79,19 @@ int ucma_init() {
   return g().init_err;
 }
 
+void left_data_path() noexcept {
+  try {
+    std::vector<Device*> devs;
+    {
+      std::lock_guard<std::mutex> lk(g().mu);
+      if (!g().init_done) return;
+      devs = g().devs;
+    }
+    for (Device* d : devs) d->ops->left_data_path(d->verbs);  // devices live until unload
+  } catch (...) {  // no memory for the list: the ACKs go at their deadline
+  }
+}
+
 namespace {
 constexpr uint8_t kV4Prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
 bool gid_link_local(const uint8_t g[16]) { return g[0] == 0xFE && (g[1] & 0xC0) == 0x80; }

@@ -440,6 +440,7 @@ using namespace rnic::rdmacm;
 
 RDMACM_EXPORT int rdma_create_id(struct rdma_event_channel* channel, struct rdma_cm_id** id, void* context,
                                  enum rdma_port_space ps) {
+  left_data_path();
   return guard([&] {
     if (int rc = ucma_init(); rc != 0) return fail(rc);
     // A caller may pass any int: read it as one (an out-of-range enum load is undefined).
@@ -501,6 +502,7 @@ RDMACM_EXPORT int rdma_destroy_id(struct rdma_cm_id* id) {
 }
 
 RDMACM_EXPORT int rdma_bind_addr(struct rdma_cm_id* id, struct sockaddr* addr) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     std::lock_guard<std::mutex> lk(g().mu);
@@ -511,6 +513,7 @@ RDMACM_EXPORT int rdma_bind_addr(struct rdma_cm_id* id, struct sockaddr* addr) {
 
 RDMACM_EXPORT int rdma_resolve_addr(struct rdma_cm_id* id, struct sockaddr* src_addr, struct sockaddr* dst_addr,
                                     int /*timeout_ms*/) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr || dst_addr == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
@@ -556,6 +559,7 @@ RDMACM_EXPORT int rdma_resolve_addr(struct rdma_cm_id* id, struct sockaddr* src_
 }
 
 RDMACM_EXPORT int rdma_resolve_route(struct rdma_cm_id* id, int /*timeout_ms*/) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
@@ -571,6 +575,7 @@ RDMACM_EXPORT int rdma_resolve_route(struct rdma_cm_id* id, int /*timeout_ms*/) 
 }
 
 RDMACM_EXPORT int rdma_listen(struct rdma_cm_id* id, int /*backlog*/) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
@@ -603,6 +608,7 @@ RDMACM_EXPORT int rdma_listen(struct rdma_cm_id* id, int /*backlog*/) {
 }
 
 RDMACM_EXPORT int rdma_connect(struct rdma_cm_id* id, struct rdma_conn_param* conn_param) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
@@ -616,6 +622,7 @@ RDMACM_EXPORT int rdma_connect(struct rdma_cm_id* id, struct rdma_conn_param* co
 }
 
 RDMACM_EXPORT int rdma_accept(struct rdma_cm_id* id, struct rdma_conn_param* conn_param) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);
@@ -679,6 +686,7 @@ RDMACM_EXPORT int rdma_notify(struct rdma_cm_id* id, enum ibv_event_type event) 
 }
 
 RDMACM_EXPORT int rdma_disconnect(struct rdma_cm_id* id) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     Id* i = to_id(id);

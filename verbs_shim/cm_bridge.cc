@@ -13,6 +13,7 @@
 #include <span>
 
 #include "emu/cm/agent.h"
+#include "emu/transport/engine.h"
 #include "verbs_shim/host.h"
 #include "verbs_shim/shim.h"
 
@@ -264,9 +265,16 @@ void cm_release(ibv_context* c, uint64_t conn) {
   if (cm::Agent* a = agent_of(c)) (void)a->destroy(static_cast<uint32_t>(conn));
 }
 
+void cm_left_data_path(ibv_context* c) {
+  Host* h = host_of(c);
+  if (h == nullptr) return;
+  if (emu::Engine* e = h->dev_->engine()) e->release_held_acks_now();
+}
+
 const softrnic_cm_ops kOps = {
     SOFTRNIC_CM_MAGIC, SOFTRNIC_CM_ABI, sizeof(softrnic_cm_ops),
     cm_query, cm_set_handler, cm_listen, cm_unlisten, cm_connect, cm_send, cm_release,
+    cm_left_data_path,
 };
 
 }  // namespace

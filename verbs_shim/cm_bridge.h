@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define SOFTRNIC_CM_MAGIC 0x31626d632d6e7273ULL /* "srn-cmb1" */
-#define SOFTRNIC_CM_ABI 2u /* 2: the GID table in softrnic_cm_device_info; connect by GID */
+#define SOFTRNIC_CM_ABI 3u /* 2: the GID table in softrnic_cm_device_info; connect by GID; 3: left_data_path */
 /* sizeof(ibv_device) + the verbs_device-like words of DeviceEntry (ops ptr, 6 pad words,
  * node GUID, index + padding): static_asserted in verbs_shim/device.cc. */
 #define SOFTRNIC_CM_TAIL_OFFSET (sizeof(struct ibv_device) + 72)
@@ -132,6 +132,9 @@ struct softrnic_cm_ops {
   /* Forgets a connection: the agent finishes it as the kernel does when an id is destroyed
    * (REJ in REQ/REP states, DREQ/DREP when connected). No callback for it afterwards. */
   void (*release)(struct ibv_context* ctx, uint64_t conn);
+  /* The calling thread left the data path (a CM call): the ACKs the device held for its next
+   * post go now (emu::Engine::release_held_acks_now). */
+  void (*left_data_path)(struct ibv_context* ctx);
 };
 
 struct softrnic_cm_tail {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "emu/transport/engine.h"
+#include "verbs_shim/host.h"
 #include "verbs_shim/ops.h"
 #include "verbs_shim/shim.h"
 
@@ -136,6 +138,9 @@ SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq
     return -1;
   }
   try {
+    // The thread goes to sleep, not to a post: the ACKs held for one go now.
+    if (Host* h = to_ctx(channel->context)->host_; h != nullptr && !host_inherited(h))
+      if (emu::Engine* e = h->dev_->engine()) e->release_held_acks_now();
     // A real read of the eventfd: blocks, or EAGAIN when the app set O_NONBLOCK.
     auto r = to_channel(channel)->emu_->get_event();
     if (!r.has_value()) {

@@ -586,7 +586,11 @@ void Engine::flush_acks_locked() {
     }
   }
   ack_qps_.clear();
-  if (!held_acks_.empty() && held_deadline_ns_.load(std::memory_order_relaxed) <= now)
+  if (held_acks_.empty()) return;
+  if (release_held_now_.load(std::memory_order_relaxed) &&
+      release_held_now_.exchange(false, std::memory_order_acq_rel))
+    release_held_acks_locked(~uint64_t{0});  // an application thread left (release_held_acks_now)
+  else if (held_deadline_ns_.load(std::memory_order_relaxed) <= now)
     release_held_acks_locked(now);
 }
 
@@ -611,6 +615,18 @@ void Engine::release_held_acks_locked(uint64_t now_ns, const Qp* only) {
   held_acks_.resize(kept);
   held_deadline_ns_.store(next, std::memory_order_release);
   if (next != 0) arm_timer(next);
+}
+
+void Engine::release_held_acks_now() {
+  if (held_deadline_ns_.load(std::memory_order_acquire) == 0) return;
+  // Not blocking on the receive lock: its holder may be this thread (a call from inside a
+  // copy, a memory hook). Its batch's end releases them instead.
+  release_held_now_.store(true, std::memory_order_release);
+  std::unique_lock lk(rx_mu_, std::try_to_lock);
+  if (!lk.owns_lock() || !rx_tx_) return;
+  release_held_now_.store(false, std::memory_order_relaxed);
+  release_held_acks_locked(~uint64_t{0});
+  flush(*rx_tx_);
 }
 
 void Engine::release_held_acks(uint64_t now_ns) {

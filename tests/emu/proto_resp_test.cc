@@ -1080,6 +1080,67 @@ TEST_F(AckHoldTest, ARequestReleasedByAResponseGoesAfterTheOwedAck) {
   }
 }
 
+// An application thread that leaves the data path (a CM call, ibv_get_cq_event) will not post
+// within the hold: the held ACK goes at once, not at the progress thread's timer (which on a
+// machine with every core busy woke 1-10 ms late), and holding stops until a post shows the
+// ping-pong again.
+TEST_F(AckHoldTest, LeavingTheDataPathSendsTheHeldAckAtOnce) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  s.eng->release_held_acks_now();
+  auto out = p.recv_all();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 1);
+  EXPECT_EQ(ctr(Ctr::kAckHoldExpired), 1u);
+  // Nothing is left for the timer, and the next ACK goes when its batch ends.
+  fire_timers();
+  EXPECT_TRUE(p.recv_all().empty());
+  out = peer_send(kEpsn + 2);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].psn(), kEpsn + 2);
+  // With nothing held it is a no-op.
+  s.eng->release_held_acks_now();
+  EXPECT_TRUE(p.recv_all().empty());
+}
+
+// Writes through to memory and runs `hook` once, at the first write.
+struct OnFirstWrite final : MemAccess {
+  DirectMemAccess d;
+  std::function<void()> hook;
+  bool read(uint64_t a, void* dst, size_t len) override { return d.read(a, dst, len); }
+  bool write(uint64_t a, const void* src, size_t len) override {
+    bool ok = d.write(a, src, len);
+    if (hook) std::exchange(hook, nullptr)();
+    return ok;
+  }
+  bool atomic_cas64(uint64_t a, uint64_t c, uint64_t s, uint64_t* o) override {
+    return d.atomic_cas64(a, c, s, o);
+  }
+  bool atomic_faa64(uint64_t a, uint64_t v, uint64_t* o) override { return d.atomic_faa64(a, v, o); }
+  bool atomic_write64(uint64_t a, uint64_t v) override { return d.atomic_write64(a, v); }
+};
+
+// Leaving while a drain holds the receive lock (here this very thread, from inside the copy
+// of the next SEND): the call does not wait for the lock, and the drain's batch end sends the
+// held ACK (coalesced with the new one) instead of holding it on.
+TEST_F(AckHoldTest, LeavingDuringADrainSendsTheHeldAckAtTheBatchEnd) {
+  peer_send(kEpsn);
+  answer(1);
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  auto mem = std::make_shared<OnFirstWrite>();
+  mem->hook = [&] { s.eng->release_held_acks_now(); };
+  s.dev->set_mem(mem);
+  auto out = peer_send(kEpsn + 2);
+  EXPECT_EQ(mem->hook, nullptr) << "the SEND was placed";
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  EXPECT_EQ(out[0].psn(), kEpsn + 2);
+  EXPECT_EQ(ctr(Ctr::kAckHoldExpired), 1u);
+  EXPECT_EQ(drain_cq(*s.rcq).size(), 3u);
+}
+
 TEST_F(AckHoldTest, DestroyingTheQpSendsItsHeldAck) {
   peer_send(kEpsn);
   answer(1);

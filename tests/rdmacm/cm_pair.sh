@@ -102,7 +102,7 @@ PY
 }
 
 if [ "$daemon" = 1 ]; then
-  mkdir -m 700 "$SOFTRNIC_RUNTIME_DIR"
+  mkdir -p -m 700 "$SOFTRNIC_RUNTIME_DIR"
   "${SOFTRNICD:?SOFTRNICD: the softrnicd binary}" --foreground --runtime-dir "$SOFTRNIC_RUNTIME_DIR" \
     --ip "$sip" >"$work/daemon.out" 2>&1 &
   dpid=$!
@@ -154,8 +154,9 @@ done
 # rdma_listen (the server was between its control and its data connection): rejected with
 # reason 8. That is start-up order too, but only a new pair can retry it: the server waits
 # in its listen for good. The failed try's output is shown, not dropped. Five pairs: on a
-# loaded 2-core machine three in a row lost that race (2026-12-05: 1 of 6 daemon pairs of
-# the landed tree failed all three, docs/progress.md).
+# loaded 2-core machine three in a row lost that race, when the client's device held the ACK
+# of the server's last control SEND for a post and its timer woke milliseconds late (fixed:
+# a thread entering the CM sends it, docs/progress.md).
 # Only a server that listened and is still waiting (alive) is retried: one that crashed or
 # exited (its second listen never came) is a result, not start-up order.
 if [ "$tries" = 1 ] && [ "$up" = 1 ] && [ "$crc" -ne 0 ] && kill -0 "$spid" 2>/dev/null &&
