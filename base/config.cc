@@ -93,14 +93,13 @@ const VarDecl kVars[] = {
              "ends; at most 150, below the 200 us probe timer)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 150,
      .store = [](Config* c, const VarValue& v) { c->ack_hold_us = static_cast<uint32_t>(v.u); }},
-    {.name = "SOFTRNIC_ACK_TAIL", .type = VarType::kBool, .default_text = "`0`",
+    {.name = "SOFTRNIC_ACK_TAIL", .type = VarType::kBool, .default_text = "`1`",
      .values = "`0`, `1`",
      .help = "with SOFTRNIC_ACK_HOLD_US and UDP GSO: an ACK that rides a post goes as the "
              "short last segment of the post's GSO datagram, so a ping-pong's answer and the "
              "ACK before it cross the stack as one datagram; the receiver handles the ACK "
              "first. Off while capture or faults are attached; on 2 cores ib_send_lat and "
-             "ib_write_lat typical -17%; off by default until a perftest -R failure in the "
-             "full suite is understood (docs/progress.md; 0: the ACK goes as a datagram of its "
+             "ib_write_lat typical -17% (docs/progress.md; 0: the ACK goes as a datagram of its "
              "own ahead of the requests)",
      .reader = "shim", .empty_is_error = true,
      .store = [](Config* c, const VarValue& v) { c->ack_tail = v.b; }},

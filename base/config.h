@@ -78,7 +78,7 @@ struct Config {
   uint32_t tx_defer = kDefaultTxDefer;       // SOFTRNIC_TX_DEFER (shim -> defer_inflight)
   uint32_t ack_hold_us = kDefaultAckHoldUs;  // SOFTRNIC_ACK_HOLD_US (shim -> ack_hold_ns)
   uint32_t linger_us = kDefaultLingerUs;     // SOFTRNIC_LINGER_US (shim -> linger_ns)
-  bool ack_tail = false;                     // SOFTRNIC_ACK_TAIL (shim -> EngineConfig)
+  bool ack_tail = true;                      // SOFTRNIC_ACK_TAIL (shim -> EngineConfig)
   bool one_copy = false;                     // SOFTRNIC_ONE_COPY (shim -> EngineConfig)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)
