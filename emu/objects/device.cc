@@ -353,7 +353,6 @@ void Device::close() {
     {
       std::unique_lock lk(mr->mu_);
       mr->state_ = MrState::kInvalid;
-      mr->changed_locked();
     }
     mr->gate_.close_and_drain();
     release_pin(*mr);
@@ -498,7 +497,6 @@ void Device::release_pin(Mr& mr) {
   {
     std::unique_lock lk(mr.mu_);
     pin = std::move(mr.pin_);
-    mr.changed_locked();
   }
 }
 
@@ -614,7 +612,6 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
   {
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;
-    mr->changed_locked();
     if (flags & kReregChangeTranslation) {
       std::swap(mr->pin_, pin);
       mr->host_addr_ = addr;
@@ -644,7 +641,6 @@ Status Device::dereg_mr(const std::shared_ptr<Mr>& mr) {
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;
     mr->state_ = MrState::kInvalid;
-    mr->changed_locked();
   }
   // Wait for the accesses in flight; the gate stays closed, so none starts afterwards and
   // the application may unmap the buffer as soon as we return (issue 10 item 3).

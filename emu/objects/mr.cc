@@ -225,12 +225,8 @@ WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool ne
   return WcStatus::kSuccess;
 }
 
-namespace {
-
-// check_remote; with `fill` (and `out`), an MR-path success is kept there (RemoteCache).
-RkeyResult check_remote_full(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
-                             uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out,
-                             RemoteCache* fill) {
+RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
+                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out) {
   const bool atomic = (required & kAccessRemoteAtomic) != 0;
   // C9-88: a zero-length READ/WRITE checks no key and touches nothing.
   if (len == 0 && !atomic) {
@@ -243,8 +239,6 @@ RkeyResult check_remote_full(const KeyTable& keys, uint32_t rkey, const Pd* qp_p
   }
   std::shared_ptr<Mr> mr;
   uint64_t iova = va;
-  uint64_t gen = 0;
-  bool window = false;
   // The gate of the object the key names is entered before its view is read (AccessGate):
   // the MW's on the MW path (a bound MR cannot be deregistered or rereg'd, and unbinding
   // drains the MW's gate), else the MR's. Only when the caller will copy (out != nullptr).
@@ -266,12 +260,10 @@ RkeyResult check_remote_full(const KeyTable& keys, uint32_t rkey, const Pd* qp_p
       return RkeyResult::kOutOfRange;
     iova = w.zero_based ? w.addr + va : va;
     mr = std::move(w.mr);
-    window = true;
   } else {
     mr = keys.find_mr(rkey);
     if (!mr) return RkeyResult::kBadKey;
     if (out != nullptr && !g.acquire(mr->gate(), mr)) return RkeyResult::kInvalidState;
-    gen = mr->generation();  // before the view: a change after it shows in the next packet's
     MrView v = mr->view();
     if (v.key != rkey) return RkeyResult::kBadKey;
     if (v.pd != qp_pd) return RkeyResult::kPdMismatch;
@@ -282,46 +274,11 @@ RkeyResult check_remote_full(const KeyTable& keys, uint32_t rkey, const Pd* qp_p
   if (!v.in_range(iova, len)) return RkeyResult::kOutOfRange;
   if (atomic && (iova & 7) != 0) return RkeyResult::kMisaligned;
   if (out != nullptr) {
-    if (fill != nullptr && !window) {
-      fill->mr = mr;
-      fill->v = v;
-      fill->gen = gen;
-      fill->rkey = rkey;
-      fill->pd = qp_pd;
-    }
     out->guard = std::move(g);  // releases what out held before (a reused RemoteTarget)
     out->host_addr = v.translate(iova);
     out->mr = std::move(mr);
   }
   return RkeyResult::kOk;
-}
-
-}  // namespace
-
-RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
-                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out) {
-  return check_remote_full(keys, rkey, qp_pd, qpn, va, len, required, out, nullptr);
-}
-
-RkeyResult check_remote_cached(const KeyTable& keys, RemoteCache* cache, uint32_t rkey,
-                               const Pd* qp_pd, uint32_t qpn, uint64_t va, uint64_t len,
-                               uint32_t required, RemoteTarget* out) {
-  RemoteCache& c = *cache;
-  if (c.mr && c.rkey == rkey && c.pd == qp_pd && len != 0 &&
-      (required & kAccessRemoteAtomic) == 0 && (c.v.access & required) == required) {
-    // The gate first, then the generation: a dereg or rereg either waits for this access or
-    // has changed the generation (or closed the gate) before it.
-    if (out->guard.acquire(c.mr->gate(), c.mr)) {
-      if (c.mr->generation() == c.gen && c.v.in_range(va, len)) {
-        out->host_addr = c.v.translate(va);
-        out->mr = c.mr;
-        return RkeyResult::kOk;
-      }
-      out->guard.reset();
-    }
-  }
-  c.reset();
-  return check_remote_full(keys, rkey, qp_pd, qpn, va, len, required, out, &c);
 }
 
 }  // namespace rnic::emu

@@ -128,10 +128,6 @@ class Mr {
   std::shared_ptr<PinnedRange> pin() const;
   // Accesses in flight through this MR (AccessGate).
   AccessGate& gate() const { return gate_; }
-  // Changes with every change of view() (rereg, dereg, the device's close, the pin's
-  // release), made under mu_: a view read with the gate entered is still this MR's while
-  // the generation read before it is (RemoteCache).
-  uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
 
   void* user_context = nullptr;
 
@@ -148,9 +144,7 @@ class Mr {
   MrState state_ = MrState::kValid;
   std::atomic<uint32_t> key_{0};
   std::atomic<uint32_t> bound_mws_{0};
-  std::atomic<uint64_t> gen_{0};  // generation(); bumped under mu_ (changed_locked)
   mutable AccessGate gate_;
-  void changed_locked() { gen_.fetch_add(1, std::memory_order_release); }
 };
 
 // Validate reg_mr access flags like rdma-core/the kernel: REMOTE_WRITE or REMOTE_ATOMIC
@@ -226,27 +220,5 @@ struct RemoteTarget {
 // VALID, range. Thread-safe; hot path.
 RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
                         uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out);
-
-// What a full check_remote of an MR's rkey (not a window's) found, kept for the next packets
-// of one message: a WRITE's (RespState), a READ's responses. The responder re-checks the rkey
-// for every packet (rxe_recheck_mr; S19); with this a later packet enters the MR's gate and
-// checks that the MR has not changed since (Mr::generation) and the range, instead of the key
-// table and the view again (four shared locks on lines every engine thread writes).
-struct RemoteCache {
-  std::shared_ptr<Mr> mr;  // null: nothing kept
-  MrView v;
-  uint64_t gen = 0;
-  uint32_t rkey = 0;
-  const Pd* pd = nullptr;
-  void reset() { mr.reset(); }
-};
-
-// check_remote, answered from `cache` when it holds rkey's MR for qp_pd, unchanged, with the
-// rights required and the range inside it (no atomics: each is its own message); otherwise
-// the full check, whose MR-path success refills the cache. The same result as check_remote
-// in every case: a dereg or rereg changes the generation or closes the gate. REQUIRES: out.
-RkeyResult check_remote_cached(const KeyTable& keys, RemoteCache* cache, uint32_t rkey,
-                               const Pd* qp_pd, uint32_t qpn, uint64_t va, uint64_t len,
-                               uint32_t required, RemoteTarget* out);
 
 }  // namespace rnic::emu

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "emu/objects/counters.h"
-#include "emu/objects/mr.h"
 #include "emu/objects/param.h"
 #include "emu/objects/wqe.h"
 #include "wire/icrc.h"
@@ -151,7 +150,6 @@ struct RespState {
   uint64_t w_va = 0;
   uint32_t w_resid = 0;
   uint32_t w_total = 0;          // DMA length of the WRITE (WRITE_WITH_IMM byte_len)
-  RemoteCache w_cache;           // the re-checks' MR, for the WRITE's next packets (mr.h)
   // Responder resources: ring of max_dest_rd_atomic slots.
   std::vector<RespRes> res;
   uint32_t res_next = 0;

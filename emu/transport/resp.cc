@@ -252,7 +252,6 @@ bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va
   Device& dev = e.device();
   const uint32_t mtu = s.mtu;
   const uint32_t n = num_pkts(len, mtu);
-  RemoteCache cache;  // the re-checks' MR, for the next packets (mr.h)
   for (uint32_t i = from; i < to && i < n; ++i) {
     const uint32_t plen = std::min<uint32_t>(mtu, len - i * mtu);
     wire::PacketFields f;
@@ -269,8 +268,8 @@ bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va
       continue;
     }
     RemoteTarget t;
-    RkeyResult rk = check_remote_cached(dev.keys(), &cache, rkey, resp_pd(qp), qp.qpn(),
-                                        va + uint64_t{i} * mtu, plen, kAccessRemoteRead, &t);
+    RkeyResult rk = check_remote(dev.keys(), rkey, resp_pd(qp), qp.qpn(), va + uint64_t{i} * mtu,
+                                 plen, kAccessRemoteRead, &t);
     bool ok = rk == RkeyResult::kOk;
     if (ok) {
       queue_packet(e, qp, f, nullptr, plen, &dev.mem(), t.host_addr, &ok);
@@ -856,19 +855,15 @@ Step execute_write(Engine& e, Qp& qp, const Pkt& k) {
   if (k.plen > 0) {
     // Re-validated for every packet: an invalidation between packets stops the rest.
     RemoteTarget t;
-    RkeyResult r = check_remote_cached(dev.keys(), &s.w_cache, s.w_rkey, resp_pd(qp), qp.qpn(),
-                                       s.w_va, k.plen, kAccessRemoteWrite, &t);
-    if (r != RkeyResult::kOk) {
-      s.w_cache.reset();
+    RkeyResult r = check_remote(dev.keys(), s.w_rkey, resp_pd(qp), qp.qpn(), s.w_va, k.plen,
+                                kAccessRemoteWrite, &t);
+    if (r != RkeyResult::kOk)
       return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
-    }
     if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) {
-      s.w_cache.reset();
       bump(qp.comp_.ctr, dctr(e), Ctr::kMemFault);
       return refuse(k, Step::kErrRkey, "WRITE target memory not writable");
     }
   }
-  if (end) s.w_cache.reset();  // kept for one message's packets only
   s.w_va += k.plen;
   s.w_resid -= k.plen;
   s.cur = end ? RespState::kNone : RespState::kWrite;
