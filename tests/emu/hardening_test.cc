@@ -221,6 +221,78 @@ TEST_F(Hardening, S19_DeregMidMultiPacketWriteStopsTheRest) {
   for (size_t i = 0; i < GuardedBuf::kGuard; ++i) ASSERT_EQ(tbuf.mem[i], before[i]);
 }
 
+// S19 with a rereg: S's target MR moves to other pages (a new rkey) from inside packet 4's
+// write. The gate is open again when packet 5 comes (the rereg is over): packet 5 is refused
+// because the old rkey names nothing now, and nothing lands after packet 4, neither in the
+// old pages nor in the new ones. (It guards any cache of the re-check's MR: one kept without
+// a check that the MR is unchanged wrote packet 5 through the released pin, and crashed.)
+TEST_F(Hardening, S19_ReregMidMultiPacketWriteStopsTheRest) {
+  GuardedBuf other{64 * 1024};
+  const auto before = std::vector<uint8_t>(tbuf.mem.begin(), tbuf.mem.end());
+  const auto other_before = std::vector<uint8_t>(other.mem.begin(), other.mem.end());
+  auto hm = hook_target(s, tbuf, mt, [&] {
+    EXPECT_TRUE(s.dev->rereg_mr(mt, kReregChangeTranslation, nullptr,
+                                reinterpret_cast<uint64_t>(other.data()), other.n,
+                                kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead)
+                    .is_ok());
+  });
+  hm->fire_write = 4;
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(qs->state(), QpState::kErr);
+  EXPECT_EQ(hm->writes, 4);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 4 * 1024));
+  for (size_t i = GuardedBuf::kGuard + 4 * 1024; i < tbuf.mem.size(); ++i)
+    ASSERT_EQ(tbuf.mem[i], before[i]) << "old page byte " << i - GuardedBuf::kGuard << " changed";
+  EXPECT_TRUE(other.mem == other_before) << "a byte landed in the MR's new pages";
+}
+
+// The same for a READ's responses: S's MR moves after response 5 read its data; response 6
+// is refused, and C holds nothing read after the rereg.
+TEST_F(Hardening, S19_ReregMidReadStopsResponses) {
+  GuardedBuf other{64 * 1024};
+  auto hm = hook_target(s, tbuf, mt, [&] {
+    EXPECT_TRUE(s.dev->rereg_mr(mt, kReregChangeTranslation, nullptr,
+                                reinterpret_cast<uint64_t>(other.data()), other.n,
+                                kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead)
+                    .is_ok());
+  });
+  hm->fire_read = 5;
+  std::memset(lbuf.data(), 0, 16 * 1024);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kRemAccessErr) << wc_status_name(cq[0].status);
+  EXPECT_EQ(hm->reads, 5);
+  for (size_t i = 5 * 1024; i < 16 * 1024; ++i)
+    ASSERT_EQ(lbuf.data()[i], 0) << "byte " << i << " read after the rereg";
+}
+
+// Without a change, a 16-packet WRITE and a 16-packet READ write / read each piece of S's MR
+// once and land whole.
+TEST_F(Hardening, MultiPacketTargetIsTouchedOncePerPacket) {
+  auto hm = hook_target(s, tbuf, mt, nullptr);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
+  EXPECT_EQ(hm->writes, 16);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+  tbuf.pattern(3);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 2, 16 * 1024).is_ok());
+  run();
+  auto cq = drain_cq(*c.scq);
+  ASSERT_EQ(cq.size(), 1u);
+  EXPECT_EQ(cq[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(hm->reads, 16);
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+}
+
 // S09 on the requester: C's source MR is deregistered (from inside the copy, so on the
 // requester's own thread) right after packet 4 of a 16-packet WRITE read its payload. The
 // requester keeps the MR it checked for the packets of one WQE (req.cc GatherCache); the
