@@ -206,14 +206,20 @@ RDMACM_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel* channel
   }
 }
 
-RDMACM_EXPORT int rdma_get_cm_event(struct rdma_event_channel* channel, struct rdma_cm_event** event) {
-  left_data_path();
+namespace rnic::rdmacm {
+int get_cm_event_on_data_path(rdma_event_channel* channel, rdma_cm_event** event) {
   return guard([&] {
     int rc = ucma_init();
     if (rc != 0) return fail(rc);
     if (channel == nullptr || event == nullptr) return fail(EINVAL);
     return get_event(to_channel(channel), event);
   });
+}
+}  // namespace rnic::rdmacm
+
+RDMACM_EXPORT int rdma_get_cm_event(struct rdma_event_channel* channel, struct rdma_cm_event** event) {
+  left_data_path();
+  return get_cm_event_on_data_path(channel, event);
 }
 
 RDMACM_EXPORT int rdma_ack_cm_event(struct rdma_cm_event* event) {

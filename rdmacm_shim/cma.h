@@ -156,6 +156,9 @@ int ucma_init();
 // this process's next post now (softrnic_cm_ops::left_data_path). Called first by the calls
 // that set up or take down a connection and by rdma_get_cm_event. Takes g().mu itself.
 void left_data_path() noexcept;
+// rdma_get_cm_event without left_data_path: rsockets' non-blocking look at its CM channel,
+// which runs on every rrecv / rpoll and must not send the ACKs its own posts would carry.
+int get_cm_event_on_data_path(rdma_event_channel* channel, rdma_cm_event** event);
 Device* device_for_ctx(ibv_context* c);  // REQUIRES g().mu
 // Addresses as GIDs (cm-notes §3.4): an AF_INET address is the GID ::ffff:a.b.c.d, an
 // AF_INET6 one its 16 bytes (so a v4-mapped AF_INET6 address is the IPv4 GID).

@@ -637,6 +637,7 @@ RDMACM_EXPORT int rdma_accept(struct rdma_cm_id* id, struct rdma_conn_param* con
 }
 
 RDMACM_EXPORT int rdma_reject(struct rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     std::lock_guard<std::mutex> lk(g().mu);
@@ -646,6 +647,7 @@ RDMACM_EXPORT int rdma_reject(struct rdma_cm_id* id, const void* private_data, u
 }
 
 RDMACM_EXPORT int rdma_reject_ece(struct rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr) return fail(EINVAL);
     std::lock_guard<std::mutex> lk(g().mu);
@@ -655,6 +657,7 @@ RDMACM_EXPORT int rdma_reject_ece(struct rdma_cm_id* id, const void* private_dat
 }
 
 RDMACM_EXPORT int rdma_establish(struct rdma_cm_id* id) {
+  left_data_path();
   return guard([&] {
     if (id == nullptr || id->qp != nullptr) return fail(EINVAL);
     Id* i = to_id(id);

@@ -48,6 +48,12 @@
 
 #define RDMACM_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace rnic::rdmacm {
+// rdma_get_cm_event without sending the ACKs held for a post (rdmacm_shim/cma.h): rsockets
+// looks at its CM channel on every rrecv / rpoll.
+int get_cm_event_on_data_path(rdma_event_channel* channel, rdma_cm_event** event);
+}  // namespace rnic::rdmacm
+
 namespace {
 
 // ---- protocol constants (rsocket.c v1) ----
@@ -404,7 +410,7 @@ int progress(Rs* r);
 
 void handle_cm_events(Rs* r) {
   rdma_cm_event* ev = nullptr;
-  while (rdma_get_cm_event(r->ch, &ev) == 0) {
+  while (rnic::rdmacm::get_cm_event_on_data_path(r->ch, &ev) == 0) {
     rdma_cm_event e = *ev;
     ConnData cd{};
     bool cd_ok = false;

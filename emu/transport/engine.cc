@@ -561,6 +561,12 @@ void Engine::flush_acks_locked() {
   // and answers. The progress thread sends at once: its application may not have a core to
   // answer on (2 cores, ib_write_lat: a quarter of the held ACKs timed out).
   const bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
+  // Set only by this thread, from inside this drain (release_held_acks_now).
+  bool left = false;
+  if (release_held_now_.load(std::memory_order_relaxed)) {
+    release_held_now_.store(false, std::memory_order_relaxed);
+    left = true;
+  }
   if (ack_qps_.empty() && held_acks_.empty()) return;
   const uint64_t now = hold || !held_acks_.empty() ? wire::monotonic_ns() : 0;
   // What the batch already built goes first: a post may send a held ACK at once
@@ -587,9 +593,8 @@ void Engine::flush_acks_locked() {
   }
   ack_qps_.clear();
   if (held_acks_.empty()) return;
-  if (release_held_now_.load(std::memory_order_relaxed) &&
-      release_held_now_.exchange(false, std::memory_order_acq_rel))
-    release_held_acks_locked(~uint64_t{0});  // an application thread left (release_held_acks_now)
+  if (left)
+    release_held_acks_locked(~uint64_t{0});  // the thread left the data path meanwhile
   else if (held_deadline_ns_.load(std::memory_order_relaxed) <= now)
     release_held_acks_locked(now);
 }
@@ -619,12 +624,15 @@ void Engine::release_held_acks_locked(uint64_t now_ns, const Qp* only) {
 
 void Engine::release_held_acks_now() {
   if (held_deadline_ns_.load(std::memory_order_acquire) == 0) return;
-  // Not blocking on the receive lock: its holder may be this thread (a call from inside a
-  // copy, a memory hook). Its batch's end releases them instead.
-  release_held_now_.store(true, std::memory_order_release);
-  std::unique_lock lk(rx_mu_, std::try_to_lock);
-  if (!lk.owns_lock() || !rx_tx_) return;
-  release_held_now_.store(false, std::memory_order_relaxed);
+  if (t_drain_engine == this) {
+    // Called from inside this thread's own drain (a memory hook, a callback), which holds the
+    // receive lock: its batch's end releases them (flush_acks_locked).
+    release_held_now_.store(true, std::memory_order_relaxed);
+    return;
+  }
+  // Any other holder of the lock finishes within a batch; a control call can wait for it.
+  std::lock_guard lk(rx_mu_);
+  if (!rx_tx_) return;
   release_held_acks_locked(~uint64_t{0});
   flush(*rx_tx_);
 }

@@ -289,11 +289,12 @@ class Engine final : public TransportHooks {
   // (EngineConfig::ack_hold_ns; engine.cc). REQUIRES: qp's send lock.
   void take_ack(Qp& qp, TxBatch& tx);
   // An application thread left the data path (a CM call, a wait for a completion event):
-  // the ACKs held for a post of its (EngineConfig::ack_hold_ns) go now, instead of when the
-  // progress thread's timer wakes it. Where every core is busy that wake-up came 1-10 ms
-  // late, and the peer's send completion waited for it (perftest -R: the peer's second
-  // rdma_listen came after this side's connect, docs/progress.md). Returns at once when
-  // nothing is held, or when another thread is receiving (its batch's end sends them).
+  // the ACKs held for a post (EngineConfig::ack_hold_ns) go now, every QP's (a hold bets on
+  // the next post of the process, not of one thread), instead of when the progress thread's
+  // timer wakes it. Where every core is busy that wake-up came 1-10 ms late, and the peer's
+  // send completion waited for it (perftest -R: the peer's second rdma_listen came after
+  // this side's connect, docs/progress.md). Waits for a batch in progress on another thread;
+  // from inside this thread's own drain, that drain's end sends them.
   void release_held_acks_now();
   // In the receive context, for the batch in progress: an ACK completed the last WQE of a QP
   // in a ping-pong (ReqState::answers), so the peer's next request comes right behind it (in
@@ -411,7 +412,8 @@ class Engine final : public TransportHooks {
   // read by run_timers without rx_mu_), on the timerfd.
   std::vector<std::shared_ptr<Qp>> held_acks_;  // capacity reserved once
   std::atomic<uint64_t> held_deadline_ns_{0};
-  std::atomic<bool> release_held_now_{false};  // release_held_acks_now found rx_mu_ taken
+  // release_held_acks_now from inside this thread's drain (rx_mu_ held by the caller).
+  std::atomic<bool> release_held_now_{false};
   // Held ACKs due at now_ns (~0: all), or with `only` that QP's alone (destroy).
   void release_held_acks_locked(uint64_t now_ns, const Qp* only = nullptr);
   void release_held_acks(uint64_t now_ns);         // run_timers: takes rx_mu_
