@@ -65,12 +65,14 @@ const VarDecl kVars[] = {
              "then takes the application's core (0: always sleep)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
      .store = [](Config* c, const VarValue& v) { c->spin_us = static_cast<uint32_t>(v.u); }},
-    {.name = "SOFTRNIC_BUSY_POLL_US", .type = VarType::kU32, .default_text = "`0`",
+    {.name = "SOFTRNIC_BUSY_POLL_US", .type = VarType::kU32, .default_text = "`2000`",
      .values = "0..10000 (us)",
-     .help = "while the application polls an empty CQ, receive is left to its polls and the "
-             "progress thread takes the socket back this long after the last one (0: the "
-             "progress thread always receives; on 2 cores 10 gave ib_send_lat -40% but "
-             "ib_read_lat 3x and 64 KiB bandwidth -40%, docs/progress.md)",
+     .help = "busy-poll hand-off: while the application polls empty CQs back to back (at most "
+             "50 us apart), its polls receive and run the timers, and the progress thread "
+             "sleeps; it takes receive back when a QP's last work request completes with no "
+             "answer in, when the application waits for a completion event or calls rdma_cm, "
+             "and at the latest this long after the polls stop (0: the progress thread always "
+             "receives; docs/progress.md)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
      .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_TX_DEFER", .type = VarType::kU32, .default_text = "`1`",

@@ -56,8 +56,8 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 
 // SOFTRNIC_SPIN_US default: the progress thread's busy-poll budget after traffic.
 inline constexpr uint32_t kDefaultSpinUs = 20;
-// SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off window (EngineConfig::busy_poll_ns).
-inline constexpr uint32_t kDefaultBusyPollUs = 0;
+// SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off's lease (EngineConfig::busy_poll_ns).
+inline constexpr uint32_t kDefaultBusyPollUs = 2000;
 // SOFTRNIC_TX_DEFER default: packets in flight at which a post waits for the next ACK.
 inline constexpr uint32_t kDefaultTxDefer = 1;
 // SOFTRNIC_ACK_HOLD_US default: how long an owed ACK waits for a post to carry it.

@@ -268,7 +268,7 @@ void cm_release(ibv_context* c, uint64_t conn) {
 void cm_left_data_path(ibv_context* c) {
   Host* h = host_of(c);
   if (h == nullptr) return;
-  if (emu::Engine* e = h->dev_->engine()) e->release_held_acks_now();
+  if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
 }
 
 const softrnic_cm_ops kOps = {

@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "verbs_shim/ops.h"
+#include "emu/transport/engine.h"
+#include "verbs_shim/host.h"
 #include "verbs_shim/shim.h"
 
 using namespace rnic::shim;
@@ -179,6 +181,10 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
   if (cq == nullptr) return fail_errno(EINVAL);
   if (inherited(cq->context)) return fail_errno(EIO);
+  // The thread is about to wait for an event, not to poll: receive and the timers go back to
+  // the progress thread now (busy-poll hand-off), else the event waits for its re-check.
+  if (Host* h = to_ctx(cq->context)->host_; h != nullptr && !host_inherited(h))
+    if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
   return err_of(to_cq(cq)->emu_->req_notify(solicited_only != 0));
 }
 

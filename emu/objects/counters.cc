@@ -19,7 +19,8 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "stash_full",         "cnp_sent",           "spin_skipped",       "tx_deferred",
     "ack_on_post",        "ack_hold_expired",   "rx_drain_progress",  "rx_drain_poll",
     "linger_hit",         "linger_expired",     "one_copy_tx",
-    "one_copy_rx",        "drop_one_copy",
+    "one_copy_rx",        "drop_one_copy",      "busy_poll_taken",    "busy_poll_returned",
+    "busy_poll_lease_ended", "timers_on_poll",
 };
 }  // namespace
 

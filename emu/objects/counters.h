@@ -92,6 +92,15 @@ enum class Ctr : uint8_t {
                         // straight from the sender's memory
   kDropOneCopy,         // drop_one_copy (ours): descriptor packets refused (unknown token,
                         // unknown memory, out of range, one-copy off, wrong opcode)
+  // The busy-poll hand-off (EngineConfig::busy_poll_ns):
+  kBusyPollTaken,       // busy_poll_taken (ours): an application's polls took receive from
+                        // the progress thread
+  kBusyPollReturned,    // busy_poll_returned (ours): ... and handed it back (no answer in,
+                        // the application left the data path, polls further apart)
+  kBusyPollLeaseEnded,  // busy_poll_lease_ended (ours): ... or the progress thread took it
+                        // back when the polls stopped and their lease ran out
+  kTimersOnPoll,        // timers_on_poll (ours): timer runs done by a polling application
+                        // thread while it held receive
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

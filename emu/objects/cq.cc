@@ -226,17 +226,18 @@ bool Cq::push(const Cqe& e, bool solicited) {
 int Cq::poll(Cqe* out, int n) {
   if (n <= 0) return 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
+    int k = 0;
     {
       std::lock_guard lk(mu_);
-      if (count_ > 0) {
-        int k = 0;
-        while (k < n && count_ > 0) {
-          out[k++] = ring_[head_];
-          head_ = (head_ + 1) % cqe_;
-          --count_;
-        }
-        return k;
+      while (k < n && count_ > 0) {
+        out[k++] = ring_[head_];
+        head_ = (head_ + 1) % cqe_;
+        --count_;
       }
+    }
+    if (k > 0) {
+      if (TransportHooks* h = dev_->hooks()) h->on_poll_hit(*this);
+      return k;
     }
     if (attempt == 0) {
       TransportHooks* h = dev_->hooks();

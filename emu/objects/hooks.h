@@ -38,6 +38,8 @@ class TransportHooks {
   // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
   // responder/completer), then return; poll looks again once. No emu lock held.
   virtual void on_poll_empty(Cq& cq) = 0;
+  // Cq::poll returns completions of cq. No emu lock held.
+  virtual void on_poll_hit(Cq& cq) { (void)cq; }
   // cq's event moderation started a period that ends at deadline_ns (CLOCK_MONOTONIC): call
   // cq.moderation_tick(now) once it has passed. Called from Cq::push with no Cq lock held
   // (QP locks may be). Without an implementation the period cannot be timed and Cq raises

@@ -302,28 +302,19 @@ void Engine::progress_loop() {
       if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
       rx = true;
     }
-    if (defer) {
-      // Still busy-polled: look again later, each time twice as late (up to kDeferGapMaxNs)
-      // while the application keeps polling: on 2 cores every re-check is a wake-up that
-      // takes a core from a spinning thread, and at one per busy_poll_ns (20 us) they made
-      // ib_read_lat's round trip 70-83 us against 15 without the hand-off (docs/progress.md).
-      // Else watch the socket again (level-triggered: anything that arrived meanwhile wakes
-      // us at once), drain it now, and start again from busy_poll_ns.
-      const uint64_t last = inline_poll_ns_.load(std::memory_order_acquire);
-      const uint64_t since = wire::monotonic_ns() - last;
-      if (since < cfg_.busy_poll_ns) {
-        // The polls go on: look twice as late next time. An application that polled a while
-        // and then stopped (ib_write_lat waiting on memory) may so wait up to kDeferGapMaxNs
-        // for its next packet. A stricter test (a poll in the last quarter of busy_poll_ns)
-        // doubled too rarely: the re-check's own wake-up comes late on a busy core, and
-        // client ib_read_lat at 20 us went from 23 to 42-45 us.
-        defer_gap_ns_ = std::min<uint64_t>(std::max<uint64_t>(defer_gap_ns_, cfg_.busy_poll_ns) * 2,
-                                           std::max<uint64_t>(cfg_.busy_poll_ns, kDeferGapMaxNs));
-        arm_defer(last + defer_gap_ns_);
+    if (defer && rx_watched_.load(std::memory_order_acquire)) timer = true;  // handed back
+    if (defer && !rx_watched_.load(std::memory_order_acquire)) {
+      // The polls' lease ran out (on_poll_empty renews it, without waking us, while they go
+      // on): the application stopped polling without a word (it waits on memory, or
+      // computes). Watch the socket again (level-triggered: anything that arrived meanwhile
+      // wakes us at once), drain it now, and run the timers that fell due while parked.
+      const uint64_t lease = lease_end_ns_.load(std::memory_order_acquire);
+      if (wire::monotonic_ns() < lease) {
+        arm_defer(lease);  // renewed as it fired
       } else {
-        defer_gap_ns_ = cfg_.busy_poll_ns;
-        watch_rx(true);
+        if (set_rx_watched(true)) ctr_.add(Ctr::kBusyPollLeaseEnded);
         rx = true;
+        timer = true;  // run_timers re-arms the timerfd (arm_locked)
       }
     }
     int got = 0;
@@ -341,9 +332,12 @@ void Engine::progress_loop() {
       got = drain_locked(256);
     }
     if (timer) run_timers(wire::monotonic_ns());
+    // Timers parked while an application's polls held receive, then handed back without
+    // programming the timerfd (hand_back_rx): program it now, on this thread's time.
+    if (rx_watched_.load(std::memory_order_acquire)) program_parked_timer();
     if (got > 0 && cfg_.spin_ns != 0 && spare_core(wire::monotonic_ns())) spin_rx();
   }
-  watch_rx(true);
+  set_rx_watched(true);
 }
 
 // Polls the port until cfg_.spin_ns passed without a datagram (or a stop, or a fault engine
@@ -397,7 +391,6 @@ bool Engine::spare_core(uint64_t now) {
 }
 
 void Engine::watch_rx(bool on) {
-  if (on) rx_watched_.store(true, std::memory_order_release);
   epoll_event ev{};
   ev.events = on ? static_cast<uint32_t>(EPOLLIN) : 0u;
   ev.data.fd = port_->wait_fd();
@@ -500,6 +493,7 @@ int Engine::drain_locked(int budget) {
   uint64_t linger_end = 0;
   linger_qp_ = nullptr;
   linger_more_ = false;
+  idle_qp_ = nullptr;
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
     if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
@@ -553,6 +547,17 @@ int Engine::drain_locked(int budget) {
   flush_acks_locked();
   flush(*rx_tx_);
   if (total > 0) ctr_.add(t_progress_thread ? Ctr::kRxDrainProgress : Ctr::kRxDrainPoll);
+  // A QP's last WQE completed and the peer's answer did not come (sq_drained; a linger ran
+  // out): the poll that returns that completion hands receive back (on_poll_hit). This
+  // drain may be the progress thread's, just before an application's poll took receive.
+  // Or the progress thread's, while an application's poll was taking receive: then that
+  // poll may have returned the completion already (it was in the CQ before this store); if
+  // the take came first, hand it back here (seq_cst: the poll stores rx_watched_ before it
+  // loads idle_pending_, this drain the other way round).
+  if (idle_qp_ != nullptr) {
+    idle_pending_.store(idle_qp_, std::memory_order_seq_cst);
+    if (t_progress_thread && !rx_watched_.load(std::memory_order_seq_cst)) hand_back_rx(false);
+  }
   return total;  // `events` releases the rest
 }
 
@@ -701,7 +706,12 @@ void Engine::arm_timer(uint64_t deadline_ns) {
 
 void Engine::arm_locked(uint64_t deadline_ns) {
   if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
-  armed_ns_.store(deadline_ns, std::memory_order_release);
+  armed_ns_.store(deadline_ns, std::memory_order_seq_cst);
+  // Parked while an application's polls hold receive: they run what falls due
+  // (on_poll_empty), and the progress thread re-arms when it takes receive back
+  // (take_back_rx stores rx_watched_, then runs the timers under timer_mu_).
+  if (!rx_watched_.load(std::memory_order_seq_cst)) return;
+  programmed_ns_ = deadline_ns;
   itimerspec its{};
   its.it_value.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
   its.it_value.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
@@ -727,12 +737,18 @@ void Engine::arm_timer(Qp& qp, uint64_t deadline_ns) {
 }
 
 void Engine::run_timers(uint64_t now_ns) {
+  std::lock_guard lk(run_timers_mu_);
+  run_timers_locked(now_ns);
+}
+
+void Engine::run_timers_locked(uint64_t now_ns) {
   const uint64_t held = held_deadline_ns_.load(std::memory_order_acquire);
   if (held != 0 && held <= now_ns) release_held_acks(now_ns);
   {
     // The due entries leave the heap; the timerfd is re-armed at the next one.
     std::lock_guard lk(timer_mu_);
     armed_ns_.store(~uint64_t{0}, std::memory_order_release);
+    if (programmed_ns_ <= now_ns) programmed_ns_ = ~uint64_t{0};  // it fired
     due_.clear();
     while (!heap_.empty() && heap_.front().at <= now_ns) {
       std::pop_heap(heap_.begin(), heap_.end(), timer_later);
@@ -1037,21 +1053,89 @@ void Engine::on_destroy(Qp& qp) {
 
 void Engine::on_poll_empty(Cq& cq) {
   (void)cq;
+  bool owned = false;
+  uint64_t now = 0;
   if (cfg_.busy_poll_ns != 0 && cfg_.progress_thread && port_->wait_fd() >= 0 &&
-      fault_.load(std::memory_order_relaxed) == nullptr) {
-    const uint64_t now = wire::monotonic_ns();
-    inline_poll_ns_.store(now, std::memory_order_release);
-    // First poll of a busy-poll run: take the socket from the progress thread, which
-    // re-checks busy_poll_ns after the last poll (the timer is armed after the epoll change,
-    // so a racing re-watch is always followed by another check).
-    bool watched = true;
-    if (rx_watched_.load(std::memory_order_relaxed) &&
-        rx_watched_.compare_exchange_strong(watched, false, std::memory_order_acq_rel)) {
-      watch_rx(false);
-      arm_defer(now + cfg_.busy_poll_ns);
+      fault_.load(std::memory_order_relaxed) == nullptr &&
+      !stopping_.load(std::memory_order_relaxed)) {
+    now = wire::monotonic_ns();
+    // The busy-poll hand-off. While the application polls empty CQs back to back (at most
+    // kTightPollGapNs apart), its polls receive, run the timers, and hold the socket on a
+    // lease of busy_poll_ns, renewed at half time; the progress thread sleeps, parked, and
+    // wakes only when the lease runs out (progress_loop). Both are for machines where every
+    // core spins: a wake-up of the progress thread took a spinning thread's core, and a
+    // timerfd_settime due before the next tick cost 7 us here (a VM: the APIC timer is
+    // reprogrammed), one due after it 0.3 us; so the lease is long and renewed rarely
+    // (docs/progress.md). An application that polls slower keeps the progress thread.
+    const uint64_t prev = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
+    if (now - prev > kTightPollGapNs) {
+      hand_back_rx(false);
+    } else {
+      // Taken (again: a drain handed it back), or held: the lease is renewed only when half
+      // of it is gone.
+      if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false))
+        ctr_.add(Ctr::kBusyPollTaken);
+      if (lease_end_ns_.load(std::memory_order_relaxed) < now + cfg_.busy_poll_ns / 2) {
+        lease_end_ns_.store(now + cfg_.busy_poll_ns, std::memory_order_release);
+        arm_defer(now + cfg_.busy_poll_ns);
+      }
+      owned = true;
     }
   }
   try_poll_rx(64);
+  // The timers are parked while the polls hold receive (arm_locked): run what fell due.
+  if (owned && armed_ns_.load(std::memory_order_acquire) <= now &&
+      !rx_watched_.load(std::memory_order_acquire)) {
+    std::unique_lock lk(run_timers_mu_, std::try_to_lock);
+    if (lk.owns_lock()) {
+      ctr_.add(Ctr::kTimersOnPoll);
+      run_timers_locked(now);
+    }
+  }
+}
+
+void Engine::on_poll_hit(Cq& cq) {
+  (void)cq;
+  // The application goes back to its code with a completion that left its QP idle, the
+  // peer's answer not in: it may wait for it on memory (ib_write_lat) rather than poll. The
+  // progress thread takes receive back now, not when the polls' lease runs out (an
+  // epoll_ctl; the next empty poll takes it again).
+  const Qp* q = idle_pending_.load(std::memory_order_seq_cst);
+  if (q == nullptr || !idle_pending_.compare_exchange_strong(q, nullptr, std::memory_order_seq_cst))
+    return;
+  hand_back_rx(false);
+}
+
+bool Engine::set_rx_watched(bool on) {
+  std::lock_guard lk(watch_mu_);
+  if (rx_watched_.load(std::memory_order_relaxed) == on) return false;
+  rx_watched_.store(on, std::memory_order_seq_cst);
+  watch_rx(on);
+  return true;
+}
+
+void Engine::hand_back_rx(bool rearm) {
+  if (rx_watched_.load(std::memory_order_acquire) || !set_rx_watched(true)) return;
+  ctr_.add(Ctr::kBusyPollReturned);
+  if (rearm) program_parked_timer();
+}
+
+void Engine::program_parked_timer() {
+  // Only what arm_locked parked is earlier than what the timerfd holds (a past deadline
+  // fires at once). The common case reads two words under a leaf lock.
+  std::lock_guard lk(timer_mu_);
+  const uint64_t a = armed_ns_.load(std::memory_order_relaxed);
+  if (a == ~uint64_t{0} || a >= programmed_ns_) return;
+  programmed_ns_ = a;
+  itimerspec its{};
+  its.it_value.tv_sec = static_cast<time_t>(a / 1'000'000'000);
+  its.it_value.tv_nsec = static_cast<long>(a % 1'000'000'000);
+  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+void Engine::left_data_path() {
+  hand_back_rx(true);
+  release_held_acks_now();
 }
 
 }  // namespace rnic::emu

@@ -78,15 +78,16 @@ struct EngineConfig {
   // coalesced buffer by its segment size and checks each packet's ICRC on its own (with the
   // segment's IP ID, or solving for it: wire.md §3). Tests turn it off to see single datagrams.
   bool gro = true;
-  // Busy-poll hand-off: while an application polls an empty CQ (which drains receive inline),
-  // the progress thread stops watching the socket and re-checks busy_poll_ns after the last
-  // such poll, then at doubling gaps (at most 100 us) while the polls go on (timers still
-  // run); an app that stops polling (ib_write_lat waits on memory) has its packets received
-  // by the progress thread at most one gap later. 0 = the
-  // progress thread always receives (the default here and in the shim, SOFTRNIC_BUSY_POLL_US:
-  // on 2 cores its timer re-checks cost more than the wake-ups it saves, docs/progress.md).
-  // The conf_srq_pingpong_chk_4k hangs once blamed on it were a lost final ACK at teardown
-  // plus retry_cnt 7 retried forever, both fixed since (docs/progress.md).
+  // Busy-poll hand-off (on_poll_empty). While an application polls empty CQs back to back
+  // (at most kTightPollGapNs apart), its polls receive (poll_cq drains inline) and run the
+  // timers, the progress thread stops watching the socket, and the timerfd is parked
+  // (arm_locked): the progress thread sleeps. The polls hold receive on a lease of
+  // busy_poll_ns, renewed at half time by a timerfd_settime that wakes no one. Receive goes
+  // back to the progress thread (hand_back_rx) when a drain completes a QP's last WQE and
+  // the peer's answer is not in (ib_write_lat then waits on memory), when the application
+  // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
+  // come further apart, and at the latest when the lease runs out. 0 = the progress thread
+  // always receives (the default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
@@ -296,6 +297,10 @@ class Engine final : public TransportHooks {
   // this side's connect, docs/progress.md). Waits for a batch in progress on another thread;
   // from inside this thread's own drain, that drain's end sends them.
   void release_held_acks_now();
+  // An application thread leaves the data path (it will sleep, or waits for a completion
+  // event: req_notify, get_cq_event, a CM call): the progress thread takes receive and the
+  // timers back at once (busy_poll_ns), and the held ACKs go (release_held_acks_now).
+  void left_data_path();
   // In the receive context, for the batch in progress: an ACK completed the last WQE of a QP
   // in a ping-pong (ReqState::answers), so the peer's next request comes right behind it (in
   // the same sendmmsg when the peer's post carried the ACK). An application thread's drain (poll_cq) that finds the
@@ -305,10 +310,21 @@ class Engine final : public TransportHooks {
   void linger_rx(const Qp& qp) {
     if (cfg_.linger_ns != 0) linger_qp_ = &qp;
   }
+  // In the receive context: an ACK or response completed the last WQE of qp. If no request
+  // of the peer for qp came by the drain's end, the poll that returns a completion next
+  // hands receive back to the progress thread (on_poll_hit, hand_back_rx): the application
+  // may now wait for the answer by other means than polling (ib_write_lat waits on memory).
+  void sq_drained(const Qp& qp) { idle_qp_ = &qp; }
   // A request packet for qp came in this batch. The last packet of a message ends a linger
   // for qp (the answer is here); an earlier one (a multi-packet answer, ib_write_lat 64 KiB)
   // gives the rest of it a new window.
   void answer_came(const Qp& qp, bool ends_message) {
+    if (ends_message) {  // a whole answer is in
+      if (idle_qp_ == &qp) idle_qp_ = nullptr;
+      const Qp* q = &qp;
+      if (idle_pending_.load(std::memory_order_relaxed) == q)
+        idle_pending_.compare_exchange_strong(q, nullptr, std::memory_order_relaxed);
+    }
     if (linger_qp_ != &qp) return;
     if (ends_message) {
       linger_qp_ = nullptr;
@@ -327,6 +343,7 @@ class Engine final : public TransportHooks {
   void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
   void on_poll_empty(Cq& cq) override;
+  void on_poll_hit(Cq& cq) override;
   // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
   bool on_cq_deadline(Cq& cq, uint64_t deadline_ns) override;
   // Joins / leaves the IP group of a multicast GID on the port (wire::Port::join_group).
@@ -438,14 +455,29 @@ class Engine final : public TransportHooks {
 
   // busy-poll hand-off (EngineConfig::busy_poll_ns)
   int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
-  std::atomic<uint64_t> inline_poll_ns_{0};   // last poll_cq-driven receive
-  std::atomic<bool> rx_watched_{true};        // socket in the epoll set
+  std::atomic<bool> rx_watched_{true};        // socket in the epoll set (changes: watch_mu_)
+  std::mutex watch_mu_;                       // leaf: a change of rx_watched_ and its epoll_ctl
+  bool set_rx_watched(bool on);               // false: it was so already
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
-  uint64_t defer_gap_ns_ = 0;                 // progress thread: current re-check gap
-  // The longest re-check gap of a busy-poll run: a packet that comes after the application
-  // stopped polling waits at most this long (under the 200 us probe timer's floor).
-  static constexpr uint64_t kDeferGapMaxNs = 100'000;
+  const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
+  std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
+  std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
+  std::atomic<uint64_t> last_empty_poll_ns_{0};
+  // Empty polls further apart than this are not a busy poll: receive stays with the progress
+  // thread (an application polling every millisecond would hold the peer's ACKs that long).
+  static constexpr uint64_t kTightPollGapNs = 50'000;
+  // run_timers runs on one thread at a time: the progress thread's (blocking), a polling
+  // application's while it holds receive (try_lock: on_poll_empty).
+  std::mutex run_timers_mu_;
+  void run_timers_locked(uint64_t now_ns);  // REQUIRES: run_timers_mu_
+  // The progress thread watches the socket again, now (an application thread: it leaves the
+  // data path, or its linger ran out) and the parked timerfd is armed.
+  // rearm: program the parked timerfd now (else the progress thread does when it next wakes,
+  // at the latest at the lease's end).
+  void hand_back_rx(bool rearm);
+  void program_parked_timer();  // the timerfd at armed_ns_ if that is earlier than programmed
+  uint64_t programmed_ns_ = ~uint64_t{0};   // timer_mu_: the timerfd's deadline (~0: none)
   // spare_core (progress thread only): /proc/loadavg, the CPUs we may use, the last answer.
   int loadavg_fd_ = -1;
   long ncpus_ = 1;

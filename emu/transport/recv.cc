@@ -388,7 +388,10 @@ void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Pack
   if (qp.comp_.psn != acked_before) {
     if (a == AddrCheck::kOkUnlatched) latch_src(qp, d);
     // The ACK of a ping-pong's last message: the peer's answer follows it in one sendmmsg.
-    if (qp.req_.answers && qp.sq().empty()) e.linger_rx(qp);
+    if (qp.sq().empty()) {
+      e.sq_drained(qp);
+      if (qp.req_.answers) e.linger_rx(qp);
+    }
   }
 }
 

@@ -355,7 +355,8 @@ std::pair<std::shared_ptr<Qp>, std::shared_ptr<Qp>> ping_pong_qps(Node& a, Node&
 // received by the peer's progress thread. Every byte arrives, each side polls only its send
 // CQ; then, with the peer's engine stopped, a's retransmit timer still fires (RETRY_EXC_ERR
 // after retry_cnt retries).
-void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_ns = 0) {
+void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_ns = 0,
+                     int wait_s = 10) {
   EngineConfig ec;
   ec.spin_ns = spin_ns;
   ec.busy_poll_ns = busy_poll_ns;
@@ -384,8 +385,8 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_
     ASSERT_EQ(c.size(), 1u);
     ASSERT_EQ(c[0].status, WcStatus::kSuccess);
   };
-  auto wait_for = [](volatile uint32_t* v, uint32_t want) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto wait_for = [wait_s](volatile uint32_t* v, uint32_t want) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
     while (peek_dma(v) != want && std::chrono::steady_clock::now() < end) std::this_thread::yield();
     return peek_dma(v) == want;
   };
@@ -405,6 +406,11 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_
     write(a, qa, &outa, moa, &inb, mb);
     ASSERT_TRUE(wait_for(&ina, i)) << "reply " << i << " never arrived";
   }
+  // With a long lease: no reply waited for it (see below). Looked at before b's last WRITE
+  // completes: a holds its ACK for a post that never comes, and a's polls have stopped, so
+  // that ACK goes when a's lease runs out.
+  const bool long_lease = busy_poll_ns >= 100'000'000u;
+  const uint64_t a_lease_ended = a.eng->counters().get(Ctr::kBusyPollLeaseEnded);
   tb.join();
   EXPECT_EQ(peek_dma(&ina), static_cast<uint32_t>(kN));
   EXPECT_EQ(peek_dma(&inb), static_cast<uint32_t>(kN));
@@ -414,7 +420,19 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_
   EXPECT_GT(b.eng->counters().get(Ctr::kRxDrainProgress), 0u);
   EXPECT_LE(a.eng->counters().get(Ctr::kRxDrainPoll) + a.eng->counters().get(Ctr::kRxDrainProgress),
             a.eng->counters().get(Ctr::kRcvdPkts));
-  // The peer goes away: a's retransmit timer must fire (from the spin or from epoll).
+  if (long_lease) {
+    // The polls held receive, gave it back when their WRITE completed without the answer in,
+    // and never left a reply to the lease (each would have waited for it to run out).
+    for (Node* n : {&a, &b}) {
+      EXPECT_GT(n->eng->counters().get(Ctr::kBusyPollTaken), 0u);
+      EXPECT_GT(n->eng->counters().get(Ctr::kBusyPollReturned), 0u);
+    }
+    EXPECT_EQ(a_lease_ended, 0u);
+    EXPECT_EQ(b.eng->counters().get(Ctr::kBusyPollLeaseEnded), 0u);
+    EXPECT_LE(a.eng->counters().get(Ctr::kBusyPollLeaseEnded), 1u);
+  }
+  // The peer goes away: a's retransmit timer must fire (from the spin, from epoll, or from
+  // a's polls while they hold receive).
   b.eng->stop();
   outa = 0;
   Wr w = send_wr(WrOpcode::kRdmaWrite, 7, {sge(&outa, 4, moa)});
@@ -424,6 +442,9 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_
   auto c = poll_n(*a.scq, 1, 20000);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
+  if (long_lease) {
+    EXPECT_GT(a.eng->counters().get(Ctr::kTimersOnPoll), 0u);
+  }
 }
 
 // The progress thread's spin (EngineConfig::spin_ns, SOFTRNIC_SPIN_US): every WRITE of the
@@ -437,6 +458,99 @@ TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) { write_ping_pong(20
 // poller that stopped would never see it: the 10 s wait fails).
 TEST(BusyPollTest, WritePingPongWaitingOnMemoryAfterPolling) { write_ping_pong(0, 20'000); }
 TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20'000); }
+
+// A lease of 200 ms. Each side's polls of its send CQ take receive (busy_poll_taken) and run
+// its timers; then it waits on memory, and the drain that completed its WRITE without the
+// peer's answer in hands receive back (busy_poll_returned). Without that, a reply sat in the
+// socket until the lease ran out (busy_poll_lease_ended, 0 here). The timers parked meanwhile
+// ran from the polls (timers_on_poll: the peer-gone retries at the end, RETRY_EXC_ERR).
+// With ACKs held for posts, the last one (b's last WRITE: a never posts again, and has
+// stopped polling) goes when a's lease runs out.
+TEST(BusyPollTest, WritePingPongHandsReceiveBackWhenTheLastWqeCompletes) {
+  write_ping_pong(0, 200'000'000u);
+}
+TEST(BusyPollTest, WritePingPongWithHoldHandsReceiveBackWhenTheLastWqeCompletes) {
+  write_ping_pong(0, 200'000'000u, 50'000);
+}
+
+// Hand-off scenes on one pair: a's polls of its empty receive CQ, then a WRITE from b into a's
+// memory that a waits for without polling, for at most 2 s.
+struct HandOffScene {
+  Pair p;
+  std::shared_ptr<Qp> qa, qb;
+  alignas(8) uint32_t in = 0;
+  uint32_t out = 0;
+  std::shared_ptr<Mr> min, mout;
+  explicit HandOffScene(uint32_t busy_poll_ns) : p([&] {
+      EngineConfig ec;
+      ec.busy_poll_ns = busy_poll_ns;
+      return ec;
+    }()) {
+    if (!p.a.eng || !p.b.eng) return;
+    std::tie(qa, qb) = ping_pong_qps(p.a, p.b);
+    min = p.a.mr(&in, 4);
+    mout = p.b.mr(&out, 4);
+  }
+  uint64_t ctr(Ctr c) const { return p.a.eng->counters().get(c); }
+  // Polls a's empty receive CQ back to back until the polls hold receive (1 s at most).
+  bool take() {
+    Cqe c;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (ctr(Ctr::kBusyPollTaken) == 0 && std::chrono::steady_clock::now() < end)
+      p.a.rcq->poll(&c, 1);
+    return ctr(Ctr::kBusyPollTaken) > 0;
+  }
+  // b WRITEs `v` into a's memory; true once a sees it, polling nothing, within 2 s.
+  bool write_arrives(uint32_t v) {
+    out = v;
+    Wr w = send_wr(WrOpcode::kRdmaWrite, v, {sge(&out, 4, mout)});
+    w.rdma.remote_addr = reinterpret_cast<uint64_t>(&in);
+    w.rdma.rkey = min->rkey();
+    if (!post(qb, w).is_ok()) return false;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (peek_dma(&in) != v && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+    auto c = poll_n(*p.b.scq, 1);
+    return peek_dma(&in) == v && c.size() == 1 && c[0].status == WcStatus::kSuccess;
+  }
+};
+
+// A thread that leaves the data path (req_notify, get_cq_event, rdma_cm: left_data_path)
+// hands receive back at once: the WRITE lands although the polls' 4 s lease has not run out.
+TEST(BusyPollTest, LeavingTheDataPathHandsReceiveBack) {
+  HandOffScene s(4'000'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  s.p.a.eng->left_data_path();
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 1u);
+  EXPECT_TRUE(s.write_arrives(7));
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// Polls 2 ms apart are not a busy poll: receive stays with the progress thread (else the
+// WRITE would wait in the socket for the 4 s lease).
+TEST(BusyPollTest, SparsePollsLeaveReceiveWithTheProgressThread) {
+  HandOffScene s(4'000'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  Cqe c;
+  for (int i = 0; i < 10; ++i) {
+    s.p.a.rcq->poll(&c, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollTaken), 0u);
+  EXPECT_TRUE(s.write_arrives(9));
+}
+
+// Polls that stop without a word (the application computes, or waits on memory with nothing
+// of its own outstanding): the progress thread takes receive back when their lease (20 ms)
+// runs out, and the WRITE lands.
+TEST(BusyPollTest, TheProgressThreadTakesReceiveBackWhenTheLeaseRunsOut) {
+  HandOffScene s(20'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  EXPECT_TRUE(s.write_arrives(11));
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
+}
 // ACKs ride posts and a poll_cq that gets a ping-pong's ACK lingers for the answer behind it
 // (ack_hold_ns, linger_ns): with both progress threads, every byte still arrives in order. A
 // safety test only (how often a linger happens here depends on the scheduler): the linger's
