@@ -302,20 +302,22 @@ void Engine::progress_loop() {
       if (fault_.load(std::memory_order_acquire) != nullptr) drain_fault_tx();
       rx = true;
     }
-    if (defer && rx_watched_.load(std::memory_order_acquire)) timer = true;  // handed back
-    if (defer && !rx_watched_.load(std::memory_order_acquire)) {
-      // The polls' lease ran out (on_poll_empty renews it, without waking us, while they go
-      // on): the application stopped polling without a word (it waits on memory, or
-      // computes). Watch the socket again (level-triggered: anything that arrived meanwhile
-      // wakes us at once), drain it now, and run the timers that fell due while parked.
+    if (defer) {
+      // The polls' lease (on_poll_empty renews it, without waking us, while they go on).
+      // Renewed meanwhile: sleep on (re-armed whoever holds receive: two polling threads'
+      // renewals may have armed an earlier end last). Ran out while the polls held receive:
+      // the application stopped polling without a word (it waits on memory, or computes);
+      // watch the socket again (level-triggered: anything that arrived meanwhile wakes us at
+      // once), drain it now. Either way run the timers that fell due while parked (run_timers
+      // re-arms the timerfd through arm_locked once receive is ours).
       const uint64_t lease = lease_end_ns_.load(std::memory_order_acquire);
       if (wire::monotonic_ns() < lease) {
-        arm_defer(lease);  // renewed as it fired
-      } else {
+        arm_defer(lease);
+      } else if (!rx_watched_.load(std::memory_order_acquire)) {
         if (set_rx_watched(true)) ctr_.add(Ctr::kBusyPollLeaseEnded);
         rx = true;
-        timer = true;  // run_timers re-arms the timerfd (arm_locked)
       }
+      timer = true;
     }
     int got = 0;
     if (rx) {
@@ -708,8 +710,8 @@ void Engine::arm_locked(uint64_t deadline_ns) {
   if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
   armed_ns_.store(deadline_ns, std::memory_order_seq_cst);
   // Parked while an application's polls hold receive: they run what falls due
-  // (on_poll_empty), and the progress thread re-arms when it takes receive back
-  // (take_back_rx stores rx_watched_, then runs the timers under timer_mu_).
+  // (on_poll_empty); whoever hands receive back programs it (hand_back_rx,
+  // program_parked_timer), or the progress thread does at the lease's end (run_timers).
   if (!rx_watched_.load(std::memory_order_seq_cst)) return;
   programmed_ns_ = deadline_ns;
   itimerspec its{};
@@ -1068,16 +1070,20 @@ void Engine::on_poll_empty(Cq& cq) {
     // reprogrammed), one due after it 0.3 us; so the lease is long and renewed rarely
     // (docs/progress.md). An application that polls slower keeps the progress thread.
     const uint64_t prev = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
-    if (now - prev > kTightPollGapNs) {
+    // (Signed: another thread's later stamp may be in `prev`.)
+    if (static_cast<int64_t>(now - prev) > static_cast<int64_t>(kTightPollGapNs)) {
       hand_back_rx(false);
     } else {
       // Taken (again: a drain handed it back), or held: the lease is renewed only when half
       // of it is gone.
       if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false))
         ctr_.add(Ctr::kBusyPollTaken);
-      if (lease_end_ns_.load(std::memory_order_relaxed) < now + cfg_.busy_poll_ns / 2) {
-        lease_end_ns_.store(now + cfg_.busy_poll_ns, std::memory_order_release);
-        arm_defer(now + cfg_.busy_poll_ns);
+      // At least two poll gaps: a shorter lease would run out between polls that still
+      // count as back to back.
+      const uint64_t lease = std::max<uint64_t>(cfg_.busy_poll_ns, 2 * kTightPollGapNs);
+      if (lease_end_ns_.load(std::memory_order_relaxed) < now + lease / 2) {
+        lease_end_ns_.store(now + lease, std::memory_order_release);
+        arm_defer(now + lease);
       }
       owned = true;
     }
@@ -1117,7 +1123,12 @@ bool Engine::set_rx_watched(bool on) {
 void Engine::hand_back_rx(bool rearm) {
   if (rx_watched_.load(std::memory_order_acquire) || !set_rx_watched(true)) return;
   ctr_.add(Ctr::kBusyPollReturned);
-  if (rearm) program_parked_timer();
+  // An ACK held for a post must not wait for the lease's end (the peer probes after 200 us):
+  // its deadline is programmed now, 7 us where it is before the next tick. Other parked
+  // deadlines (a retransmit of another QP) are programmed by the progress thread's next
+  // wake-up, at the latest at the lease's end, unless `rearm`: programming every hand-back
+  // cost ib_read_lat's client 7 us a round trip (the drained READ's stale deadline).
+  if (rearm || held_deadline_ns_.load(std::memory_order_acquire) != 0) program_parked_timer();
 }
 
 void Engine::program_parked_timer() {

@@ -255,7 +255,12 @@ class Engine final : public TransportHooks {
   // while traffic runs (DeviceServices attaches it only while a rule, a held packet or a
   // capture wants it: attached, it turns off the busy-poll hand-off and the receive spin);
   // detach it only when it holds no packet.
-  void set_fault_engine(wire::HeldPacketSource* f) { fault_.store(f, std::memory_order_release); }
+  // A fault engine needs the progress thread's epoll loop (held packets): polls stop taking
+  // receive (on_poll_empty), and what they hold now goes back.
+  void set_fault_engine(wire::HeldPacketSource* f) {
+    fault_.store(f, std::memory_order_release);
+    if (f != nullptr) hand_back_rx(true);
+  }
   bool fault_engine_attached() const { return fault_.load(std::memory_order_acquire) != nullptr; }
   // Whether outgoing packets may be merged into UDP GSO datagrams.
   bool gso() const { return gso_; }

@@ -409,7 +409,7 @@ void write_ping_pong(uint32_t spin_ns, uint32_t busy_poll_ns, uint64_t ack_hold_
   // With a long lease: no reply waited for it (see below). Looked at before b's last WRITE
   // completes: a holds its ACK for a post that never comes, and a's polls have stopped, so
   // that ACK goes when a's lease runs out.
-  const bool long_lease = busy_poll_ns >= 100'000'000u;
+  const bool long_lease = busy_poll_ns >= 50'000'000u;
   const uint64_t a_lease_ended = a.eng->counters().get(Ctr::kBusyPollLeaseEnded);
   tb.join();
   EXPECT_EQ(peek_dma(&ina), static_cast<uint32_t>(kN));
@@ -459,7 +459,7 @@ TEST(SpinTest, WritePingPongThroughSpinningProgressThreads) { write_ping_pong(20
 TEST(BusyPollTest, WritePingPongWaitingOnMemoryAfterPolling) { write_ping_pong(0, 20'000); }
 TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20'000); }
 
-// A lease of 200 ms. Each side's polls of its send CQ take receive (busy_poll_taken) and run
+// A lease of 50 ms (the last held ACK waits for it: b spends a retry or two). Each side's polls of its send CQ take receive (busy_poll_taken) and run
 // its timers; then it waits on memory, and the drain that completed its WRITE without the
 // peer's answer in hands receive back (busy_poll_returned). Without that, a reply sat in the
 // socket until the lease ran out (busy_poll_lease_ended, 0 here). The timers parked meanwhile
@@ -467,10 +467,10 @@ TEST(BusyPollTest, WritePingPongWithSpinAndHandOff) { write_ping_pong(20'000, 20
 // With ACKs held for posts, the last one (b's last WRITE: a never posts again, and has
 // stopped polling) goes when a's lease runs out.
 TEST(BusyPollTest, WritePingPongHandsReceiveBackWhenTheLastWqeCompletes) {
-  write_ping_pong(0, 200'000'000u);
+  write_ping_pong(0, 50'000'000u);
 }
 TEST(BusyPollTest, WritePingPongWithHoldHandsReceiveBackWhenTheLastWqeCompletes) {
-  write_ping_pong(0, 200'000'000u, 50'000);
+  write_ping_pong(0, 50'000'000u, 50'000);
 }
 
 // Hand-off scenes on one pair: a's polls of its empty receive CQ, then a WRITE from b into a's
@@ -523,6 +523,32 @@ TEST(BusyPollTest, LeavingTheDataPathHandsReceiveBack) {
   s.p.a.eng->left_data_path();
   EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 1u);
   EXPECT_TRUE(s.write_arrives(7));
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// The timers parked while the polls held receive are programmed when the thread leaves the
+// data path: a WRITE to a peer that went away is retried (probes) by the progress thread
+// after a's last poll, long before the 4 s lease would have run out.
+TEST(BusyPollTest, LeavingTheDataPathProgramsTheParkedTimers) {
+  HandOffScene s(4'000'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  s.p.b.eng->stop();
+  ASSERT_TRUE(s.take());
+  // a's WRITE goes to b's address, which nobody serves any more (b's engine stopped).
+  Wr wa = send_wr(WrOpcode::kRdmaWrite, 6, {sge(&s.in, 4, s.min)});
+  wa.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
+  wa.rdma.rkey = s.mout->rkey();
+  ASSERT_TRUE(post(s.qa, wa).is_ok());
+  Cqe c;
+  for (int i = 0; i < 3; ++i) s.p.a.rcq->poll(&c, 1);  // still held (a's polls, back to back)
+  ASSERT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
+  s.p.a.eng->left_data_path();
+  const uint64_t probes = s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts);
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts) == probes &&
+         std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GT(s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts), probes);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
 }
 
