@@ -46,13 +46,9 @@
 #include <new>
 #include <vector>
 
-#define RDMACM_EXPORT extern "C" __attribute__((visibility("default")))
-
-namespace rnic::rdmacm {
-// rdma_get_cm_event without sending the ACKs held for a post (rdmacm_shim/cma.h): rsockets
-// looks at its CM channel on every rrecv / rpoll.
-int get_cm_event_on_data_path(rdma_event_channel* channel, rdma_cm_event** event);
-}  // namespace rnic::rdmacm
+#include "rdmacm_shim/cma.h"  // RDMACM_EXPORT; get_cm_event_on_data_path (rsockets looks at
+                               // its CM channel on every rrecv / rpoll without leaving the
+                               // data path)
 
 namespace {
 

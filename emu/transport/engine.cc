@@ -570,8 +570,8 @@ void Engine::flush_acks_locked() {
   const bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
   // Set only by this thread, from inside this drain (release_held_acks_now).
   bool left = false;
-  if (release_held_now_.load(std::memory_order_relaxed)) {
-    release_held_now_.store(false, std::memory_order_relaxed);
+  if (release_held_now_) {
+    release_held_now_ = false;
     left = true;
   }
   if (ack_qps_.empty() && held_acks_.empty()) return;
@@ -634,7 +634,7 @@ void Engine::release_held_acks_now() {
   if (t_drain_engine == this) {
     // Called from inside this thread's own drain (a memory hook, a callback), which holds the
     // receive lock: its batch's end releases them (flush_acks_locked).
-    release_held_now_.store(true, std::memory_order_relaxed);
+    release_held_now_ = true;
     return;
   }
   // Any other holder of the lock finishes within a batch; a control call can wait for it.

@@ -435,7 +435,7 @@ class Engine final : public TransportHooks {
   std::vector<std::shared_ptr<Qp>> held_acks_;  // capacity reserved once
   std::atomic<uint64_t> held_deadline_ns_{0};
   // release_held_acks_now from inside this thread's drain (rx_mu_ held by the caller).
-  std::atomic<bool> release_held_now_{false};
+  bool release_held_now_ = false;  // rx_mu_ (set by its holder, from inside its drain)
   // Held ACKs due at now_ns (~0: all), or with `only` that QP's alone (destroy).
   void release_held_acks_locked(uint64_t now_ns, const Qp* only = nullptr);
   void release_held_acks(uint64_t now_ns);         // run_timers: takes rx_mu_
