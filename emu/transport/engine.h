@@ -83,8 +83,8 @@ struct EngineConfig {
   // timers, the progress thread stops watching the socket, and the timerfd is parked
   // (arm_locked): the progress thread sleeps. The polls hold receive on a lease of
   // busy_poll_ns, renewed at half time by a timerfd_settime that wakes no one. Receive goes
-  // back to the progress thread (hand_back_rx) when a drain completes a QP's last WQE and
-  // the peer's answer is not in (ib_write_lat then waits on memory), when the application
+  // back to the progress thread (hand_back_rx) when a poll returns a completion that left its
+  // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
   // come further apart, and at the latest when the lease runs out. 0 = the progress thread
   // always receives (the default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
@@ -459,7 +459,7 @@ class Engine final : public TransportHooks {
   int epoll_fd_ = -1;
 
   // busy-poll hand-off (EngineConfig::busy_poll_ns)
-  int defer_fd_ = -1;                         // timerfd: re-check after the last inline poll
+  int defer_fd_ = -1;                         // timerfd: the polls' lease ends (lease_end_ns_)
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set (changes: watch_mu_)
   std::mutex watch_mu_;                       // leaf: a change of rx_watched_ and its epoll_ctl
   bool set_rx_watched(bool on);               // false: it was so already
@@ -476,10 +476,10 @@ class Engine final : public TransportHooks {
   // application's while it holds receive (try_lock: on_poll_empty).
   std::mutex run_timers_mu_;
   void run_timers_locked(uint64_t now_ns);  // REQUIRES: run_timers_mu_
-  // The progress thread watches the socket again, now (an application thread: it leaves the
-  // data path, or its linger ran out) and the parked timerfd is armed.
-  // rearm: program the parked timerfd now (else the progress thread does when it next wakes,
-  // at the latest at the lease's end).
+  // The progress thread watches the socket again, now (an application thread left the data
+  // path, or a poll returned a completion that left its QP idle: on_poll_hit). rearm:
+  // program the parked timerfd now (else only a held ACK's deadline is; the progress thread
+  // programs the rest when it next wakes, at the latest at the lease's end).
   void hand_back_rx(bool rearm);
   void program_parked_timer();  // the timerfd at armed_ns_ if that is earlier than programmed
   uint64_t programmed_ns_ = ~uint64_t{0};   // timer_mu_: the timerfd's deadline (~0: none)
