@@ -265,11 +265,7 @@ void cm_release(ibv_context* c, uint64_t conn) {
   if (cm::Agent* a = agent_of(c)) (void)a->destroy(static_cast<uint32_t>(conn));
 }
 
-void cm_left_data_path(ibv_context* c) {
-  Host* h = host_of(c);
-  if (h == nullptr) return;
-  if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
-}
+void cm_left_data_path(ibv_context* c) { host_left_data_path(host_of(c)); }
 
 const softrnic_cm_ops kOps = {
     SOFTRNIC_CM_MAGIC, SOFTRNIC_CM_ABI, sizeof(softrnic_cm_ops),

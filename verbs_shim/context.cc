@@ -139,8 +139,7 @@ SHIM_EXPORT int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq
   }
   try {
     // The thread goes to sleep, not to a post: the ACKs held for one go now.
-    if (Host* h = to_ctx(channel->context)->host_; h != nullptr && !host_inherited(h))
-      if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
+    host_left_data_path(to_ctx(channel->context)->host_);
     // A real read of the eventfd: blocks, or EAGAIN when the app set O_NONBLOCK.
     auto r = to_channel(channel)->emu_->get_event();
     if (!r.has_value()) {

@@ -183,8 +183,7 @@ int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
   if (inherited(cq->context)) return fail_errno(EIO);
   // The thread is about to wait for an event, not to poll: receive and the timers go back to
   // the progress thread now (busy-poll hand-off), else the event waits for its re-check.
-  if (Host* h = to_ctx(cq->context)->host_; h != nullptr && !host_inherited(h))
-    if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
+  host_left_data_path(to_ctx(cq->context)->host_);
   return err_of(to_cq(cq)->emu_->req_notify(solicited_only != 0));
 }
 

@@ -372,6 +372,11 @@ int host_acquire(DeviceEntry* dev, Host** out) {
   return 0;
 }
 
+void host_left_data_path(Host* h) {
+  if (h == nullptr || host_inherited(h)) return;
+  if (emu::Engine* e = h->dev_->engine()) e->left_data_path();
+}
+
 void host_release(Host* host) {
   if (host == nullptr) return;
   if (host_inherited(host)) return;  // the parent's: never stop its engine from a child

@@ -77,6 +77,11 @@ inline bool host_inherited(const Host* h) {
 // The device's CM agent (emu/cm/agent.h "HOW THE rdmacm LIBRARY GETS THE AGENT"), or nullptr.
 inline cm::Agent* host_cm_agent(Host* h) { return h != nullptr ? h->cm_.get() : nullptr; }
 
+// The application leaves the data path: it is about to sleep on an event, or makes an rdma_cm
+// call. Receive, parked timers and held ACKs go back to the progress thread now
+// (emu::Engine::left_data_path, the busy-poll hand-off). Null-safe; nothing for an inherited host.
+void host_left_data_path(Host* h);
+
 // Starts (or references) the engine of `dev`. Returns 0 or a positive errno; a bad
 // SOFTRNIC_* value prints a message naming the variable and returns EINVAL.
 int host_acquire(DeviceEntry* dev, Host** out);
