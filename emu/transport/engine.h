@@ -79,7 +79,7 @@ struct EngineConfig {
   // segment's IP ID, or solving for it: wire.md §3). Tests turn it off to see single datagrams.
   bool gro = true;
   // Busy-poll hand-off (on_poll_empty). While an application polls empty CQs back to back
-  // (at most kTightPollGapNs apart), its polls receive (poll_cq drains inline) and run the
+  // (at most busy_poll_gap_ns apart), its polls receive (poll_cq drains inline) and run the
   // timers, the progress thread stops watching the socket, and the timerfd is parked
   // (arm_locked): the progress thread sleeps. The polls hold receive on a lease of
   // busy_poll_ns, renewed at half time by a timerfd_settime that wakes no one. Receive goes
@@ -89,6 +89,10 @@ struct EngineConfig {
   // come further apart, and at the latest when the lease runs out. 0 = the progress thread
   // always receives (the default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
+  // Empty polls further apart than this are not a busy poll: receive stays with (or goes back
+  // to) the progress thread; an application polling every millisecond would otherwise hold
+  // the peer's ACKs that long. Tests under a sanitizer widen it (a poll there can take longer).
+  uint32_t busy_poll_gap_ns = 50'000;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
   // spin_ns passed without a datagram, then sleeps in epoll again. It saves the epoll
@@ -469,9 +473,6 @@ class Engine final : public TransportHooks {
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
   std::atomic<uint64_t> last_empty_poll_ns_{0};
-  // Empty polls further apart than this are not a busy poll: receive stays with the progress
-  // thread (an application polling every millisecond would hold the peer's ACKs that long).
-  static constexpr uint64_t kTightPollGapNs = 50'000;
   // run_timers runs on one thread at a time: the progress thread's (blocking), a polling
   // application's while it holds receive (try_lock: on_poll_empty).
   std::mutex run_timers_mu_;

@@ -481,9 +481,10 @@ struct HandOffScene {
   alignas(8) uint32_t in = 0;
   uint32_t out = 0;
   std::shared_ptr<Mr> min, mout;
-  explicit HandOffScene(uint32_t busy_poll_ns) : p([&] {
+  explicit HandOffScene(uint32_t busy_poll_ns, uint32_t gap_ns = 0) : p([&] {
       EngineConfig ec;
       ec.busy_poll_ns = busy_poll_ns;
+      if (gap_ns != 0) ec.busy_poll_gap_ns = gap_ns;
       return ec;
     }()) {
     if (!p.a.eng || !p.b.eng) return;
@@ -588,6 +589,44 @@ TEST(BusyPollTest, TheProgressThreadTakesReceiveBackWhenTheLeaseRunsOut) {
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
 }
+// A completion that leaves the QP idle hands receive back only when the peer's application
+// may answer it: a WRITE's (its ACK), not a READ's (nothing on the peer sees a READ; the
+// application posts or polls again, and a hand-back before each READ cost ib_read_lat's
+// client two epoll_ctl a round trip). a polls its send CQ for each of kN READs, then for each
+// of kN WRITEs; the polls keep receive through the READs and give it back after each WRITE.
+// Counted loosely: a slow poll (a gap over busy_poll_gap_ns) also hands it back now and
+// then; under a sanitizer, where a drain takes longer, the gap allowed is 20 ms.
+TEST(BusyPollTest, ReadCompletionsKeepReceiveWriteCompletionsHandItBack) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  HandOffScene s(4'000'000'000u, 20'000'000u);
+#else
+  HandOffScene s(4'000'000'000u);
+#endif
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  constexpr int kN = 200;
+  auto run = [&](WrOpcode op) {
+    for (int i = 0; i < kN; ++i) {
+      Wr w = send_wr(op, static_cast<uint64_t>(i), {sge(&s.in, 4, s.min)});
+      w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
+      w.rdma.rkey = s.mout->rkey();
+      if (!post(s.qa, w).is_ok()) return false;
+      auto c = poll_n(*s.p.a.scq, 1);
+      if (c.size() != 1 || c[0].status != WcStatus::kSuccess) return false;
+    }
+    return true;
+  };
+  const uint64_t r0 = s.ctr(Ctr::kBusyPollReturned);
+  s.out = 0x5eed;
+  ASSERT_TRUE(run(WrOpcode::kRdmaRead));
+  EXPECT_EQ(peek_dma(&s.in), 0x5eedu);
+  const uint64_t after_reads = s.ctr(Ctr::kBusyPollReturned) - r0;
+  ASSERT_TRUE(run(WrOpcode::kRdmaWrite));
+  const uint64_t after_writes = s.ctr(Ctr::kBusyPollReturned) - r0 - after_reads;
+  EXPECT_LT(after_reads, static_cast<uint64_t>(kN / 4)) << "READ completions handed receive back: " << after_reads << " " << after_writes;
+  EXPECT_GE(after_writes, static_cast<uint64_t>(kN / 2)) << "WRITE completions kept receive";
+}
+
 // ACKs ride posts and a poll_cq that gets a ping-pong's ACK lingers for the answer behind it
 // (ack_hold_ns, linger_ns): with both progress threads, every byte still arrives in order. A
 // safety test only (how often a linger happens here depends on the scheduler): the linger's
