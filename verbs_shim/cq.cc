@@ -122,6 +122,8 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
   c->emu_ = std::move(r.value());
   c->emu_->user_context = c;
   c->wc_flags_ = wc_flags;
+  c->emu_->set_timestamps((wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                                       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)) != 0);
   ibv_cq_ex& x = c->pub_;
   x.context = context;
   x.channel = channel;

@@ -135,7 +135,8 @@ void Cq::maybe_notify_locked(const Cqe& e, bool solicited, std::shared_ptr<Cq>* 
     if (mod_count_ == 0 || mod_pending_ < mod_count_) {
       if (mod_period_us_ == 0) return;  // count only: wait for the count
       if (mod_deadline_ns_ == 0) {
-        mod_deadline_ns_ = e.timestamp_ns + uint64_t(mod_period_us_) * 1000;
+        const uint64_t t = e.timestamp_ns != 0 ? e.timestamp_ns : Device::now_ns();
+        mod_deadline_ns_ = t + uint64_t(mod_period_us_) * 1000;
         *deadline = mod_deadline_ns_;
       }
       return;
@@ -193,7 +194,7 @@ bool Cq::push(const Cqe& e, bool solicited) {
     } else {
       Cqe& slot = ring_[(head_ + count_) % cqe_];
       slot = e;
-      slot.timestamp_ns = Device::now_ns();
+      slot.timestamp_ns = stamp_.load(std::memory_order_relaxed) ? Device::now_ns() : 0;
       ++count_;
       maybe_notify_locked(slot, solicited, &fire, &deadline);
     }

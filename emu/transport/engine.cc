@@ -504,11 +504,16 @@ int Engine::drain_locked(int budget) {
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) drain_fault_rx_locked();
   uint64_t linger_end = 0;
+  // flush_acks_locked's clock: read once for a batch and the drain's end after it (two
+  // reads a ping-pong message before), again for each later batch (a long drain must not
+  // hold ACKs past their deadline on a stale reading).
+  uint64_t now_cache = 0;
   linger_qp_ = nullptr;
   linger_more_ = false;
   idle_qp_ = nullptr;
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
+    if (n > 0) now_cache = 0;
     if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
         replay_qps_.empty()) {
       // The answer behind the ACK just handled (linger_rx): look again, for at most
@@ -552,7 +557,7 @@ int Engine::drain_locked(int budget) {
       linger_end = 0;
     }
     linger_more_ = false;
-    flush_acks_locked();
+    flush_acks_locked(&now_cache);
     run_replays_locked();
     flush(*rx_tx_);
     events.release();
@@ -562,7 +567,7 @@ int Engine::drain_locked(int budget) {
     // Not while a linger waits for the rest of an answer, or READ replays are to run.
     if (n < kRxBatch && linger_qp_ == nullptr && replay_qps_.empty()) break;
   }
-  flush_acks_locked();
+  flush_acks_locked(&now_cache);
   flush(*rx_tx_);
   if (total > 0) ctr_.add(t_progress_thread ? Ctr::kRxDrainProgress : Ctr::kRxDrainPoll);
   // A QP's last WQE completed and the peer's answer did not come (sq_drained; a linger ran
@@ -579,7 +584,7 @@ int Engine::drain_locked(int budget) {
   return total;  // `events` releases the rest
 }
 
-void Engine::flush_acks_locked() {
+void Engine::flush_acks_locked(uint64_t* now_cache) {
   // Held only where an application thread drains (poll_cq): it returns to its code at once
   // and answers. The progress thread sends at once: its application may not have a core to
   // answer on (2 cores, ib_write_lat: a quarter of the held ACKs timed out).
@@ -591,7 +596,16 @@ void Engine::flush_acks_locked() {
     left = true;
   }
   if (ack_qps_.empty() && held_acks_.empty()) return;
-  const uint64_t now = hold || !held_acks_.empty() ? wire::monotonic_ns() : 0;
+  uint64_t now = 0;
+  if (hold || !held_acks_.empty()) {
+    // A batch and the drain's end share one reading (drain_locked).
+    if (now_cache == nullptr) {
+      now = wire::monotonic_ns();
+    } else {
+      if (*now_cache == 0) *now_cache = wire::monotonic_ns();
+      now = *now_cache;
+    }
+  }
   // What the batch already built goes first: a post may send a held ACK at once
   // (resp_take_ack), and it must not overtake this QP's earlier responses (a READ response
   // behind a later ACK reads as lost at the requester).
@@ -871,7 +885,7 @@ bool Engine::defer_post(Qp& qp) const {
 // is sent now with that batch, so that neither overtakes the other. One listed in another
 // thread's batch is left to it. Lock order send -> receive; waited for, not tried: a receive
 // context holding it for this QP's next packet would leave a held ACK to its deadline.
-void Engine::take_ack(Qp& qp, TxBatch& tx) {
+void Engine::take_ack(Qp& qp, TxBatch& tx, uint64_t now_ns) {
   if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return;
   std::lock_guard lk(qp.recv_mutex());
   qp.req_.answers = false;
@@ -879,7 +893,7 @@ void Engine::take_ack(Qp& qp, TxBatch& tx) {
     if (resp_send_owed_ack(*this, qp)) flush(*rx_tx_);
     return;
   }
-  if (resp_take_ack(*this, qp, tx, wire::monotonic_ns(), cfg_.ack_hold_ns, &qp.req_.answers))
+  if (resp_take_ack(*this, qp, tx, now_ns, cfg_.ack_hold_ns, &qp.req_.answers))
     bump(qp.comp_.ctr, ctr_, Ctr::kAckOnPost);
 }
 

@@ -297,7 +297,7 @@ class Engine final : public TransportHooks {
   uint64_t next_deadline_ns();
   // Before a requester run's first packet (req.cc): the ACK qp's responder owes goes first
   // (EngineConfig::ack_hold_ns; engine.cc). REQUIRES: qp's send lock.
-  void take_ack(Qp& qp, TxBatch& tx);
+  void take_ack(Qp& qp, TxBatch& tx, uint64_t now_ns);
   // An application thread left the data path (a CM call, a wait for a completion event):
   // the ACKs held for a post (EngineConfig::ack_hold_ns) go now, every QP's (a hold bets on
   // the next post of the process, not of one thread), instead of when the progress thread's
@@ -432,7 +432,8 @@ class Engine final : public TransportHooks {
   std::unique_ptr<TxBatch> rx_tx_;
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once
-  void flush_acks_locked();
+  // now_cache: one clock reading shared by a drain's calls (0 = not read yet), or null.
+  void flush_acks_locked(uint64_t* now_cache = nullptr);
   // QPs with an ACK held for a post (EngineConfig::ack_hold_ns; rx_mu_), each until its
   // RespState::ack_hold_until_ns; held_deadline_ns_ is the earliest of those (0: none held;
   // read by run_timers without rx_mu_), on the timerfd.
