@@ -249,6 +249,33 @@ TEST(CqModeration, PeriodRaisesTheEventWhenItsTimerRunsOut) {
   ASSERT_TRUE(dev->destroy_cq(cq).is_ok());
 }
 
+// A CQ that does not stamp completions (the shim's, unless created with a completion-timestamp
+// wc_flag) leaves timestamp_ns 0, and a moderation period still starts at the clock's now.
+TEST(CqModeration, PeriodStartsAtNowWhenCompletionsAreNotStamped) {
+  auto dev = open_device();
+  auto ch = *dev->create_comp_channel();
+  auto cq = *dev->create_cq(16, ch, 0);
+  cq->set_timestamps(false);
+  ASSERT_TRUE(cq->set_moderation(100, 50).is_ok());
+  TimerHooks h;
+  dev->set_hooks(&h);
+  ASSERT_TRUE(cq->req_notify(false).is_ok());
+  const uint64_t before = Device::now_ns();
+  ASSERT_TRUE(cq->push(make_cqe(1)));
+  const uint64_t after = Device::now_ns();
+  Cqe out[4];
+  ASSERT_EQ(cq->poll(out, 4), 1);
+  EXPECT_EQ(out[0].timestamp_ns, 0u);
+  EXPECT_GE(h.deadline, before + 50000);
+  EXPECT_LE(h.deadline, after + 50000);
+  cq->set_timestamps(true);
+  ASSERT_TRUE(cq->push(make_cqe(2)));
+  ASSERT_EQ(cq->poll(out, 4), 1);
+  EXPECT_GE(out[0].timestamp_ns, after);
+  dev->set_hooks(nullptr);
+  ASSERT_TRUE(dev->destroy_cq(cq).is_ok());
+}
+
 TEST(CompChannel, BlockingGetEventWakesOnCompletion) {
   auto dev = open_device();
   auto ch = *dev->create_comp_channel();
