@@ -227,6 +227,10 @@ struct CompState {
   uint64_t retrans_deadline_ns = 0;  // min(win.iba_deadline_ns, win.probe_deadline_ns); 0 = off
   SendWindow win;                // loss recovery and the adaptive window
   uint64_t rnr_deadline_ns = 0;      // 0 = not waiting
+  // A WQE the peer's application may answer (SEND, WRITE, ATOMIC_WRITE, FLUSH: not a READ or
+  // a CMP_SWAP / FETCH_ADD, which it never sees) started since the send queue last drained:
+  // only then does the drain hand receive back (recv.cc, Engine::sq_drained).
+  bool answerable = false;
   bool retry_latched = false;    // a go-back-N for lost read responses is in progress,
   uint32_t retry_latch_psn = 0;  // ... resending up to here: the latch holds until comp psn
                                  // passes it (comp.cc latch_retry)

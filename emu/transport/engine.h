@@ -42,6 +42,7 @@
 // QP; the heap's push allocates only when it grows past its largest size so far).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -406,7 +407,12 @@ class Engine final : public TransportHooks {
   int drain_locked(int budget);
   void drain_fault_rx_locked();
   void drain_fault_tx();
-  void watch_rx(bool on);
+  bool watch_rx(bool on);  // false: epoll_ctl failed (logged)
+  // The polls' lease: busy_poll_ns, at least two poll gaps (a shorter one would run out
+  // between polls that still count as back to back).
+  uint64_t lease_ns() const {
+    return std::max<uint64_t>(cfg_.busy_poll_ns, 2 * uint64_t{cfg_.busy_poll_gap_ns});
+  }
   void arm_defer(uint64_t deadline_ns);
   void spin_rx();
   bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)

@@ -388,16 +388,19 @@ void deliver_response(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Pack
   if (qp.comp_.psn != acked_before) {
     if (a == AddrCheck::kOkUnlatched) latch_src(qp, d);
     // The ACK of a ping-pong's last message: the peer's answer follows it in one sendmmsg.
-    // Only a plain ACK: it completes SENDs and WRITEs, which the peer's application sees and
-    // may answer while this one waits on memory. A READ response or an atomic ACK ends an
-    // operation the peer's application never sees; nothing answers it, and the application
-    // posts or polls again (ib_read_lat: handing receive back before each READ cost two
-    // epoll_ctl a round trip). One that waits on memory for something else all the same has
-    // it handled when the polls' lease runs out (busy_poll_ns).
-    if (qp.sq().empty() &&
-        (p.opcode == wire::op::kRcAcknowledge || p.opcode == wire::op::kXrcAcknowledge)) {
-      e.sq_drained(qp);
-      if (qp.req_.answers) e.linger_rx(qp);
+    // Only when something the peer's application sees went since the queue last drained
+    // (CompState::answerable: a SEND, WRITE, ATOMIC_WRITE or FLUSH), which it may answer
+    // while this one waits on memory. A READ or CMP_SWAP / FETCH_ADD alone is never seen
+    // there, so nothing answers it, and the application posts or polls again (ib_read_lat:
+    // handing receive back before each READ cost two epoll_ctl a round trip). One that waits
+    // on memory for something else all the same has it handled when the polls' lease runs
+    // out (busy_poll_ns).
+    if (qp.sq().empty()) {
+      if (qp.comp_.answerable) {
+        e.sq_drained(qp);
+        if (qp.req_.answers) e.linger_rx(qp);
+      }
+      qp.comp_.answerable = false;
     }
   }
 }

@@ -367,6 +367,7 @@ Pick start_wqe(ReqRun& x, SendWqe& w) {
     w.state = WqeState::kDone;
     return Pick::kNext;
   }
+  if (!(m & (kWrReadMask | kWrAtomicMask))) x.c.answerable = true;
   assign_psns(x, w, m);
   return Pick::kEmit;
 }
@@ -479,7 +480,8 @@ void place_held_ack(ReqRun& x) {
   x.ack_tail = false;
   const int before = x.tx.size();
   x.tx.allow_tail(true);
-  x.e.take_ack(x.qp, x.tx, x.now());
+  x.e.take_ack(x.qp, x.tx,
+               x.e.config().ack_hold_ns != 0 && x.type == QpType::kRc ? x.now() : 0);
   x.tx.allow_tail(false);
   if (x.tx.size() > before && x.tail_first < before) x.tx.move_last_to(x.tail_first);
 }
@@ -561,8 +563,11 @@ void advance(ReqRun& x, SendWqe& w, const ReqPkt& k) {
 void send_batch(ReqRun& x) {
   CompState& c = x.c;
   x.e.flush(x.tx);
-  if (x.sent && x.rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0)
+  // The timer counts from after the send: sendmmsg blocks while the socket buffer is full.
+  if (x.sent && x.rc && c.timeout_ns != 0 && c.retrans_deadline_ns == 0) {
+    x.now_ns = 0;
     comp_arm_retrans(x.e, x.qp, x.now());
+  }
   comp_retire(x.e, x.qp);
 }
 
@@ -599,7 +604,9 @@ void req_run(Engine& e, Qp& qp) {
         x.tx.close_run();
         x.tail_first = x.tx.size();
       } else {
-        e.take_ack(qp, x.tx, x.now());
+        // The reading only where an ACK may be held (RC, ack_hold_ns): none for UD, UC.
+        e.take_ack(qp, x.tx,
+                   e.config().ack_hold_ns != 0 && qp.type() == QpType::kRc ? x.now() : 0);
       }
     }
     ReqPkt k;

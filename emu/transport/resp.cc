@@ -1231,8 +1231,10 @@ bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hol
                    bool* answering) {
   RespState& s = qp.resp_;
   // This run answers a message of the peer: an ACK is owed for it, or went a moment ago.
+  // Signed: the caller's clock reading may predate an ACK sent while it waited for the lock.
   const bool answers =
-      s.ack_pending || (s.ack_sent_ns != 0 && now_ns - s.ack_sent_ns < hold_ns);
+      s.ack_pending || (s.ack_sent_ns != 0 && static_cast<int64_t>(now_ns - s.ack_sent_ns) <
+                                                  static_cast<int64_t>(hold_ns));
   if (answering != nullptr) *answering = answers && s.ready && !qp.comp_.dead;
   if (!s.ready || qp.comp_.dead) return false;
   // Only a held ACK: its batch has ended and sent everything built before it. One still
