@@ -324,7 +324,12 @@ void deliver_request(Engine& e, Qp& qp, const wire::RxDesc& d, const wire::Packe
                opcode_log_name(p.opcode), EndpointText(d.src).c_str(), qpn, bth.psn(),
                p.payload_len);
     out = resp_on_packet(e, qp, p, d);
-    e.answer_came(qp, (p.info->mask & wire::kEndMask) != 0);  // what a linger_rx waits for
+    // What a linger_rx, and the hand-back after a drained send queue, wait for: a new request
+    // executed. A duplicate (the peer's probe of a request already answered), an RNR NAK or a
+    // NAK is not the answer: taking one for it dropped the hand-back, and an application
+    // waiting on memory for the real answer waited for the polls' lease (ib_write_lat's rare
+    // ~2 ms iterations).
+    if (out == RespOutcome::kAccepted) e.answer_came(qp, (p.info->mask & wire::kEndMask) != 0);
     // Only a packet that passed every transport check may take the strict-source latch.
     if (a == AddrCheck::kOkUnlatched && out == RespOutcome::kAccepted) latch_src(qp, d);
     if (qp.resp_.tm_pend.valid) {

@@ -651,6 +651,69 @@ TEST(BusyPollTest, ReadCompletionsKeepReceiveWriteCompletionsHandItBack) {
       << "ATOMIC_WRITE completions kept receive (" << after_atomic_writes << ")";
 }
 
+// A duplicate of the peer's last request (its probe) in the drain that completes this side's
+// last WQE is not the answer: the poll that returns the completion still hands receive back.
+// Taking any request packet for the answer dropped the hand-back, and an application waiting
+// on memory for the real answer waited for the polls' lease (ib_write_lat's rare ~2 ms
+// iterations). A raw peer on a MemNetwork sends the ACK and the duplicate together, so one
+// drain of the application's poll handles both.
+TEST(BusyPollTest, ADuplicateRequestIsNotTheAnswer) {
+  wire::MemNetwork net;
+  EngineConfig ec;
+  ec.busy_poll_ns = 4'000'000'000u;
+  ec.busy_poll_gap_ns = 20'000'000u;
+  Node s = Node::on_mem(net, "127.0.0.3", true, ErrorsMode::kSpec, 0, ec);
+  Peer peer{net, "127.0.0.2", "127.0.0.3"};
+  constexpr uint32_t kPeerQpn = 0x456;
+  auto qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.sq_psn = 500;
+  o.rq_psn = 1;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  std::vector<uint8_t> rbuf(64), wbuf(8, 7), pay(8, 9);
+  auto mr = s.mr(rbuf.data(), rbuf.size());
+  auto mw = s.mr(wbuf.data(), wbuf.size());
+  ASSERT_TRUE(post_recv(qp, 1, {sge(rbuf.data(), 64, mr)}).is_ok());
+  ASSERT_TRUE(post_recv(qp, 2, {sge(rbuf.data(), 64, mr)}).is_ok());
+  // The peer's SEND (PSN 1) arrives and is executed.
+  wire::PacketFields send;
+  send.opcode = wire::op::kRcSendOnly;
+  send.dest_qp = qp->qpn();
+  send.psn = 1;
+  send.ack_req = true;
+  peer.send(send, pay);
+  ASSERT_EQ(poll_n(*s.rcq, 1).size(), 1u);
+  // This side WRITEs (PSN 500) and polls its send CQ until the polls hold receive.
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 3, {sge(wbuf.data(), 8, mw)});
+  w.rdma.remote_addr = 0x10000;
+  w.rdma.rkey = 0x777;
+  ASSERT_TRUE(post(qp, w).is_ok());
+  auto ctr = [&](Ctr c) { return s.eng->counters().get(c); };
+  Cqe c;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (ctr(Ctr::kBusyPollTaken) == 0 && std::chrono::steady_clock::now() < end)
+    ASSERT_EQ(s.scq->poll(&c, 1), 0);
+  ASSERT_GT(ctr(Ctr::kBusyPollTaken), 0u);
+  const uint64_t returned = ctr(Ctr::kBusyPollReturned);
+  const uint64_t dups = ctr(Ctr::kDuplicateRequest);
+  // The ACK of the WRITE, then a duplicate of the SEND (PSN 1 again).
+  wire::PacketFields ack;
+  ack.opcode = wire::op::kRcAcknowledge;
+  ack.dest_qp = qp->qpn();
+  ack.psn = 500;
+  ack.msn = 1;
+  ack.syndrome = wire::aeth::ack(wire::aeth::kCreditInvalid);
+  peer.send(ack);
+  peer.send(send, pay);
+  auto sc = poll_n(*s.scq, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(ctr(Ctr::kDuplicateRequest), dups + 1);  // the duplicate was in that drain
+  EXPECT_EQ(ctr(Ctr::kBusyPollReturned), returned + 1)
+      << "the duplicate request cancelled the hand-back";
+  EXPECT_EQ(poll_n(*s.rcq, 1, 50).size(), 0u);  // and was not delivered again
+}
+
 // ACKs ride posts and a poll_cq that gets a ping-pong's ACK lingers for the answer behind it
 // (ack_hold_ns, linger_ns): with both progress threads, every byte still arrives in order. A
 // safety test only (how often a linger happens here depends on the scheduler): the linger's
