@@ -276,7 +276,9 @@ void Engine::progress_loop() {
     }
     if (held != 0) {
       uint64_t now = wire::monotonic_ns();
-      timeout_ms = held <= now ? 0 : static_cast<int>(std::min<uint64_t>((held - now) / 1'000'000 + 1, 1000));
+      timeout_ms = held <= now ? 0
+                               : static_cast<int>(
+                                     std::min<uint64_t>((held - now) / 1'000'000 + 1, 1000));
     }
     int n = epoll_wait(epoll_fd_, evs, 5, timeout_ms);
     if (n < 0 && errno != EINTR) break;
@@ -905,7 +907,7 @@ bool Engine::defer_post(Qp& qp) const {
 // thread's batch is left to it. Lock order send -> receive; waited for, not tried: a receive
 // context holding it for this QP's next packet would leave a held ACK to its deadline.
 void Engine::take_ack(Qp& qp, TxBatch& tx, uint64_t now_ns) {
-  if (cfg_.ack_hold_ns == 0 || qp.type() != QpType::kRc) return;
+  if (!holds_acks(qp)) return;
   std::lock_guard lk(qp.recv_mutex());
   qp.req_.answers = false;
   if (t_drain_engine == this && qp.resp_.ack_listed) {

@@ -297,8 +297,13 @@ class Engine final : public TransportHooks {
   // Earliest armed deadline (ns) over the QPs with a timer entry, 0 if none.
   uint64_t next_deadline_ns();
   // Before a requester run's first packet (req.cc): the ACK qp's responder owes goes first
-  // (EngineConfig::ack_hold_ns; engine.cc). REQUIRES: qp's send lock.
+  // (EngineConfig::ack_hold_ns; engine.cc). now_ns: a clock reading where holds_acks(qp).
+  // REQUIRES: qp's send lock.
   void take_ack(Qp& qp, TxBatch& tx, uint64_t now_ns);
+  // Whether qp's responder may hold an ACK for a post: RC, with ack_hold_ns.
+  bool holds_acks(const Qp& qp) const {
+    return cfg_.ack_hold_ns != 0 && qp.type() == QpType::kRc;
+  }
   // An application thread left the data path (a CM call, a wait for a completion event):
   // the ACKs held for a post (EngineConfig::ack_hold_ns) go now, every QP's (a hold bets on
   // the next post of the process, not of one thread), instead of when the progress thread's
@@ -313,10 +318,11 @@ class Engine final : public TransportHooks {
   void left_data_path();
   // In the receive context, for the batch in progress: an ACK completed the last WQE of a QP
   // in a ping-pong (ReqState::answers), so the peer's next request comes right behind it (in
-  // the same sendmmsg when the peer's post carried the ACK). An application thread's drain (poll_cq) that finds the
-  // socket empty then looks again for up to linger_ns instead of returning: ib_write_lat
-  // leaves poll_cq with its send completion and waits on memory, and the request it waits
-  // for would otherwise be the progress thread's (a wake-up, and its ACK goes alone).
+  // the same sendmmsg when the peer's post carried the ACK). An application thread's drain
+  // (poll_cq) that finds the socket empty then looks again for up to linger_ns instead of
+  // returning: ib_write_lat leaves poll_cq with its send completion and waits on memory, and
+  // the request it waits for would otherwise be the progress thread's (a wake-up, and its
+  // ACK goes alone).
   void linger_rx(const Qp& qp) {
     if (cfg_.linger_ns != 0) linger_qp_ = &qp;
   }
@@ -473,7 +479,8 @@ class Engine final : public TransportHooks {
   int defer_fd_ = -1;                         // timerfd: the polls' lease ends (lease_end_ns_)
   std::atomic<bool> rx_watched_{true};        // socket in the epoll set (changes: watch_mu_)
   std::mutex watch_mu_;                       // leaf: a change of rx_watched_ and its epoll_ctl
-  bool set_rx_watched(bool on);               // false: it was so already
+  // False: it was so already, or epoll_ctl failed (watch_rx).
+  bool set_rx_watched(bool on);
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet

@@ -74,7 +74,6 @@ void seek(SendWqe& w) {
   w.sge_offset = static_cast<uint32_t>(rem);
 }
 
-
 // The MR a requester run last checked for the packets of one WQE (gather). A 64 KiB message
 // is 16 packets of one SGE; checking each anew cost a key-table lookup, a view read and a
 // gate entry, about nine atomic read-modify-writes on lines that the posting thread and the
@@ -99,6 +98,14 @@ struct GatherCache {
     return w == &wqe && sge == i && g.held() && !mr->gate().closed() && mr->lkey() == v.key &&
            v.in_range(piece.addr, piece.length);
   }
+  // Keeps what check_local saw for SGE i of wqe: the guard holds the MR's view as it was.
+  void keep(const SendWqe& wqe, uint32_t i, const Mr& m, AccessGuard&& guard) {
+    w = &wqe;
+    sge = i;
+    v = m.view();
+    mr = &m;
+    g = std::move(guard);
+  }
   void reset() {
     w = nullptr;
     mr = nullptr;
@@ -122,13 +129,7 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
       WcStatus st = check_local(dev.keys(), w.sge[0], qp.pd().get(), false, dev.config().errors,
                                 &host, &g, &mr);
       if (st != WcStatus::kSuccess) return st;
-      if (mr) {
-        gc->w = &w;
-        gc->sge = 0;
-        gc->v = mr->view();  // what check_local saw: the guard keeps it so
-        gc->mr = mr.get();
-        gc->g = std::move(g);
-      }
+      if (mr) gc->keep(w, 0, *mr, std::move(g));
       continue;
     }
     WcStatus st = check_local(dev.keys(), w.sge[i], qp.pd().get(), need_write,
@@ -172,13 +173,7 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len,
       WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors,
                                 &host, &g, gc != nullptr ? &mr : nullptr);
       if (st != WcStatus::kSuccess) return st;
-      if (gc != nullptr && mr) {
-        gc->w = &w;
-        gc->sge = w.sge_index;
-        gc->v = mr->view();  // what check_local saw: the guard keeps it so
-        gc->mr = mr.get();
-        gc->g = std::move(g);
-      }
+      if (gc != nullptr && mr) gc->keep(w, w.sge_index, *mr, std::move(g));
     }
     if (!dev.mem().read(host, dst, n)) {
       bump(qp.comp_.ctr, e.counters(), Ctr::kMemFault);
@@ -297,6 +292,8 @@ struct ReqRun {
     if (now_ns == 0) now_ns = wire::monotonic_ns();
     return now_ns;
   }
+  // The reading Engine::take_ack needs: none where no ACK can be held (UD, UC, holding off).
+  uint64_t ack_now() { return e.holds_acks(qp) ? now() : 0; }
 };
 
 // One request packet: its header fields and how far it moves the WQE.
@@ -480,8 +477,7 @@ void place_held_ack(ReqRun& x) {
   x.ack_tail = false;
   const int before = x.tx.size();
   x.tx.allow_tail(true);
-  x.e.take_ack(x.qp, x.tx,
-               x.e.config().ack_hold_ns != 0 && x.type == QpType::kRc ? x.now() : 0);
+  x.e.take_ack(x.qp, x.tx, x.ack_now());
   x.tx.allow_tail(false);
   if (x.tx.size() > before && x.tail_first < before) x.tx.move_last_to(x.tail_first);
 }
@@ -604,9 +600,7 @@ void req_run(Engine& e, Qp& qp) {
         x.tx.close_run();
         x.tail_first = x.tx.size();
       } else {
-        // The reading only where an ACK may be held (RC, ack_hold_ns): none for UD, UC.
-        e.take_ack(qp, x.tx,
-                   e.config().ack_hold_ns != 0 && qp.type() == QpType::kRc ? x.now() : 0);
+        e.take_ack(qp, x.tx, x.ack_now());
       }
     }
     ReqPkt k;
