@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -264,6 +265,7 @@ Engine::~Engine() {
 void Engine::progress_loop() {
   // The busy-poll re-check is a short timer: do not let the default 50 us slack stretch it.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  pthread_setname_np(pthread_self(), "softrnic-prog");  // top -H, perf sched
   t_progress_thread = true;
   epoll_event evs[5];
   while (!stopping_.load(std::memory_order_acquire)) {
@@ -1124,8 +1126,10 @@ void Engine::on_poll_empty(Cq& cq) {
     } else {
       // Taken (again: a drain handed it back), or held: the lease is renewed only when half
       // of it is gone.
-      if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false))
+      if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false)) {
         ctr_.add(Ctr::kBusyPollTaken);
+        park_timerfd();
+      }
       const uint64_t lease = lease_ns();
       if (lease_end_ns_.load(std::memory_order_relaxed) < now + lease / 2) {
         lease_end_ns_.store(now + lease, std::memory_order_release);
@@ -1178,6 +1182,23 @@ void Engine::hand_back_rx(bool rearm) {
   // wake-up, at the latest at the lease's end, unless `rearm`: programming every hand-back
   // cost ib_read_lat's client 7 us a round trip (the drained READ's stale deadline).
   if (rearm || held_deadline_ns_.load(std::memory_order_acquire) != 0) program_parked_timer();
+}
+
+void Engine::park_timerfd() {
+  // The deadline the progress thread programmed before the polls took receive (a
+  // retransmit timer, ~200 us ahead on every request) would still wake it, on a core a
+  // spinning thread wants: 1 in ~100 ib_send_lat iterations paid that switch. The polls
+  // run it (armed_ns_ keeps it); a hand-back or the lease's end programs it again.
+  std::lock_guard lk(timer_mu_);
+  if (programmed_ns_ == ~uint64_t{0}) return;
+  programmed_ns_ = ~uint64_t{0};
+  program_timerfd(timer_fd_, 0);  // a zero it_value disarms
+}
+
+bool Engine::timerfd_programmed() const {
+  itimerspec its{};
+  if (timerfd_gettime(timer_fd_, &its) != 0) return false;
+  return its.it_value.tv_sec != 0 || its.it_value.tv_nsec != 0;
 }
 
 void Engine::program_parked_timer() {

@@ -350,6 +350,8 @@ class Engine final : public TransportHooks {
   }
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
+  // Whether the kernel's timerfd will wake the progress thread (timerfd_gettime; tests).
+  bool timerfd_programmed() const;
 
   // ---- TransportHooks ----
   void on_post_send(Qp& qp) override;
@@ -496,6 +498,8 @@ class Engine final : public TransportHooks {
   // program the parked timerfd now (else only a held ACK's deadline is; the progress thread
   // programs the rest when it next wakes, at the latest at the lease's end).
   void hand_back_rx(bool rearm);
+  // The polls took receive: the timerfd is disarmed (they run the timers: arm_locked).
+  void park_timerfd();
   void program_parked_timer();  // the timerfd at armed_ns_ if that is earlier than programmed
   uint64_t programmed_ns_ = ~uint64_t{0};   // timer_mu_: the timerfd's deadline (~0: none)
   // spare_core (progress thread only): /proc/loadavg, the CPUs we may use, the last answer.

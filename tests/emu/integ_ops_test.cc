@@ -567,6 +567,36 @@ TEST(BusyPollTest, LeavingTheDataPathProgramsTheParkedTimers) {
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
 }
 
+// A deadline the progress thread programmed before the polls took receive is disarmed when
+// they take it (park_timerfd): they run it themselves, and its firing would have woken the
+// progress thread on a core that a spinning thread wants. a's WRITE goes to b, which serves
+// nobody, so its retransmit timer is programmed; once a's polls hold receive the timerfd is
+// disarmed, and the polls still retry the WRITE (probes) long before the 4 s lease ends.
+TEST(BusyPollTest, TakingReceiveDisarmsTheTimerfdAndThePollsRunTheTimers) {
+  HandOffScene s(4'000'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  s.p.b.eng->stop();
+  Wr wa = send_wr(WrOpcode::kRdmaWrite, 6, {sge(&s.in, 4, s.min)});
+  wa.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
+  wa.rdma.rkey = s.mout->rkey();
+  ASSERT_TRUE(post(s.qa, wa).is_ok());
+  ASSERT_TRUE(s.p.a.eng->timerfd_programmed());  // the progress thread watches: programmed
+  const uint64_t probes = s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts);
+  ASSERT_TRUE(s.take());
+  EXPECT_FALSE(s.p.a.eng->timerfd_programmed());
+  // The polls retry the WRITE (a hand-back by a sanitizer's slow poll programs nothing: no
+  // ACK is held, and the progress thread sleeps until the lease's end).
+  Cqe c;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts) == probes &&
+         std::chrono::steady_clock::now() < end)
+    s.p.a.rcq->poll(&c, 1);
+  EXPECT_GT(s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts), probes);
+  EXPECT_GT(s.ctr(Ctr::kTimersOnPoll), 0u);
+  EXPECT_FALSE(s.p.a.eng->timerfd_programmed());
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
 // Polls 2 ms apart are not a busy poll: receive stays with the progress thread (else the
 // WRITE would wait in the socket for the 4 s lease).
 TEST(BusyPollTest, SparsePollsLeaveReceiveWithTheProgressThread) {
