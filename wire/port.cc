@@ -124,7 +124,7 @@ PortCounters Port::counters() const {
   c.rx_packets = ld(ctr_.rx_packets);
   c.rx_bytes = ld(ctr_.rx_bytes);
   c.rx_truncated = ld(ctr_.rx_truncated);
-  c.rx_dropped = ld(ctr_.rx_dropped);
+  c.rx_dropped = ld(ctr_.rx_dropped) + kernel_drops();
   c.unknown_dst = ld(ctr_.unknown_dst);
   c.filter_dropped = ld(ctr_.filter_dropped);
   c.filter_duplicated = ld(ctr_.filter_duplicated);

@@ -147,7 +147,7 @@ struct PortCounters {
   uint64_t rx_packets = 0;      // datagrams delivered to the caller (GRO: per segment)
   uint64_t rx_bytes = 0;
   uint64_t rx_truncated = 0;    // larger than the caller's buffer
-  uint64_t rx_dropped = 0;      // MemPort: queue full; UdpPort: 0 (see SO_RXQ_OVFL)
+  uint64_t rx_dropped = 0;      // MemPort: queue full; UdpPort: full socket buffers
   uint64_t unknown_dst = 0;     // MemPort: no port attached at the destination
   uint64_t filter_dropped = 0;  // fault hook verdicts
   uint64_t filter_duplicated = 0;
@@ -328,6 +328,9 @@ class Port {
   virtual int send_impl(std::span<const TxDesc> pkts) = 0;
   virtual int recv_impl(std::span<RxDesc> descs) = 0;
   virtual int gso_max_segments_impl() const { return 1; }
+  // Datagrams the kernel dropped at this port's sockets (full receive buffers), added to
+  // rx_dropped by counters(). Control path: a system call per socket.
+  virtual uint64_t kernel_drops() const { return 0; }
 
   struct AtomicCounters {
     std::atomic<uint64_t> tx_packets{0}, tx_bytes{0}, tx_errors{0};

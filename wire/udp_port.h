@@ -126,6 +126,7 @@ class UdpPort final : public Port {
   }
   int recv_fd(int fd, const Endpoint& local, std::span<RxDesc> descs);
   int recv_groups(std::span<RxDesc> descs);
+  uint64_t kernel_drops() const override;
   int recv_side(std::span<RxDesc> descs);
   // The socket a datagram to dst leaves from: dst.src_index if it names one of dst's family,
   // else the first socket of that family.
@@ -144,7 +145,7 @@ class UdpPort final : public Port {
     Endpoint ep;   // the group address with the port's UDP port
     int fd = -1;
   };
-  std::mutex grp_mu_;
+  mutable std::mutex grp_mu_;
   std::vector<Group> groups_;
   std::atomic<size_t> ngroups_{0};
   int gepfd_ = -1;  // epoll set of the group sockets

@@ -320,6 +320,7 @@ std::string DeviceServices::stats(std::optional<uint32_t> qpn, StatList* out) {
   out->emplace_back("port_tx_errors", pc.tx_errors);
   out->emplace_back("port_rx_packets", pc.rx_packets);
   out->emplace_back("port_rx_bytes", pc.rx_bytes);
+  out->emplace_back("port_rx_dropped", pc.rx_dropped);
   out->emplace_back("port_filter_dropped", pc.filter_dropped);
   out->emplace_back("port_filter_duplicated", pc.filter_duplicated);
   out->emplace_back("port_filter_delayed", pc.filter_delayed);
