@@ -353,6 +353,7 @@ void Device::close() {
     {
       std::unique_lock lk(mr->mu_);
       mr->state_ = MrState::kInvalid;
+      mr->publish_view_locked();
     }
     mr->gate_.close_and_drain();
     release_pin(*mr);
@@ -497,6 +498,7 @@ void Device::release_pin(Mr& mr) {
   {
     std::unique_lock lk(mr.mu_);
     pin = std::move(mr.pin_);
+    mr.publish_view_locked();
   }
 }
 
@@ -548,7 +550,11 @@ Result<std::shared_ptr<Mr>> Device::add_mr(std::shared_ptr<Mr> mr) {
     mrs_.erase(*h);
     return key.error();
   }
-  mr->key_.store(*key, std::memory_order_release);
+  {
+    std::unique_lock lk(mr->mu_);
+    mr->key_.store(*key, std::memory_order_release);
+    mr->publish_view_locked();
+  }
   pd->add_user();
   return mr;
 }
@@ -629,6 +635,7 @@ Status Device::rereg_mr(const std::shared_ptr<Mr>& mr, uint32_t flags,
       Result<uint32_t> nk = keys_.rekey_mr(mr->key_.load());
       if (nk) mr->key_.store(*nk, std::memory_order_release);
     }
+    mr->publish_view_locked();
   }
   if (old_pd) old_pd->drop_user();
   return Status::ok();
@@ -641,6 +648,7 @@ Status Device::dereg_mr(const std::shared_ptr<Mr>& mr) {
     std::unique_lock lk(mr->mu_);
     if (mr->state_ != MrState::kValid) return Errc::kInval;
     mr->state_ = MrState::kInvalid;
+    mr->publish_view_locked();
   }
   // Wait for the accesses in flight; the gate stays closed, so none starts afterwards and
   // the application may unmap the buffer as soon as we return (issue 10 item 3).

@@ -127,22 +127,51 @@ void AccessGuard::reset() {
 Mr::Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,
        uint32_t access, std::shared_ptr<PinnedRange> pin)
     : dev_(&dev), pd_(std::move(pd)), host_addr_(host_addr), length_(length), iova_(iova),
-      access_(access), pin_(std::move(pin)) {}
+      access_(access), pin_(std::move(pin)) {
+  std::unique_lock lk(mu_);
+  publish_view_locked();
+}
 
 Mr::~Mr() = default;
 
+void Mr::publish_view_locked() {
+  const uint32_t s = vseq_.load(std::memory_order_relaxed);
+  vseq_.store(s + 1, std::memory_order_relaxed);
+  // Release stores (no fences: TSan does not model them): a reader that loads a new word
+  // (acquire) then sees the odd count, or a later one, when it reads the count again.
+  const auto r = std::memory_order_release;
+  vw_[0].store(reinterpret_cast<uint64_t>(pd_.get()), r);
+  vw_[1].store(host_addr_, r);
+  vw_[2].store(pin_ ? pin_->dev_addr(host_addr_) : host_addr_, r);
+  vw_[3].store(iova_, r);
+  vw_[4].store(length_, r);
+  vw_[5].store(uint64_t{access_} | uint64_t{key_.load(std::memory_order_relaxed)} << 32, r);
+  vw_[6].store(static_cast<uint64_t>(state_), r);
+  vseq_.store(s + 2, std::memory_order_release);  // the words before even
+}
+
 MrView Mr::view() const {
-  std::shared_lock lk(mu_);
-  MrView v;
-  v.pd = pd_.get();
-  v.host_addr = host_addr_;
-  v.dev_addr = pin_ ? pin_->dev_addr(host_addr_) : host_addr_;
-  v.iova = iova_;
-  v.length = length_;
-  v.access = access_;
-  v.key = key_.load(std::memory_order_relaxed);
-  v.state = state_;
-  return v;
+  const auto r = std::memory_order_acquire;  // a plain load on x86
+  for (;;) {
+    const uint32_t s = vseq_.load(std::memory_order_acquire);
+    if (s & 1u) {  // a writer (control path, seven stores) is in the middle
+      std::this_thread::yield();  // (it may have been preempted there)
+      continue;
+    }
+    MrView v;
+    v.pd = reinterpret_cast<const Pd*>(vw_[0].load(r));
+    v.host_addr = vw_[1].load(r);
+    v.dev_addr = vw_[2].load(r);
+    v.iova = vw_[3].load(r);
+    v.length = vw_[4].load(r);
+    const uint64_t w5 = vw_[5].load(r);
+    const uint64_t w6 = vw_[6].load(r);
+    if (vseq_.load(std::memory_order_relaxed) != s) continue;  // ordered by the acquires
+    v.access = static_cast<uint32_t>(w5);
+    v.key = static_cast<uint32_t>(w5 >> 32);
+    v.state = static_cast<MrState>(w6);
+    return v;
+  }
 }
 
 bool Mr::shadowed() const {
@@ -200,7 +229,7 @@ Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t 
 
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
                      ErrorsMode mode, uint64_t* host_addr, AccessGuard* guard,
-                     std::shared_ptr<Mr>* mr_out) {
+                     std::shared_ptr<Mr>* mr_out, MrView* view_out) {
   // A zero-length SGE touches nothing; rxe skips it too.
   if (sge.length == 0) {
     if (host_addr != nullptr) *host_addr = 0;
@@ -222,6 +251,7 @@ WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool ne
   if (host_addr != nullptr) *host_addr = v.translate(sge.addr);
   if (guard != nullptr) *guard = std::move(g);
   if (mr_out != nullptr) *mr_out = std::move(mr);
+  if (view_out != nullptr) *view_out = v;
   return WcStatus::kSuccess;
 }
 
@@ -243,7 +273,9 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   // the MW's on the MW path (a bound MR cannot be deregistered or rereg'd, and unbinding
   // drains the MW's gate), else the MR's. Only when the caller will copy (out != nullptr).
   AccessGuard g;
-  if (keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : keys.is_mw_key(rkey)) {
+  MrView mv;
+  const bool mw_path = keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : keys.is_mw_key(rkey);
+  if (mw_path) {
     // MW path (rxe_lookup_mw + rxe_check_mw).
     std::shared_ptr<Mw> mw = keys.find_mw(rkey);
     if (!mw) return RkeyResult::kBadKey;
@@ -264,12 +296,14 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
     mr = keys.find_mr(rkey);
     if (!mr) return RkeyResult::kBadKey;
     if (out != nullptr && !g.acquire(mr->gate(), mr)) return RkeyResult::kInvalidState;
-    MrView v = mr->view();
-    if (v.key != rkey) return RkeyResult::kBadKey;
-    if (v.pd != qp_pd) return RkeyResult::kPdMismatch;
-    if ((v.access & required) != required) return RkeyResult::kAccessDenied;
+    mv = mr->view();
+    if (mv.key != rkey) return RkeyResult::kBadKey;
+    if (mv.pd != qp_pd) return RkeyResult::kPdMismatch;
+    if ((mv.access & required) != required) return RkeyResult::kAccessDenied;
   }
-  MrView v = mr->view();
+  // The MR path's view is the one its checks read (one read of the MR's lock, not two);
+  // the MW path reads the MR the window is bound to.
+  const MrView v = mw_path ? mr->view() : mv;
   if (v.state != MrState::kValid) return RkeyResult::kInvalidState;
   if (!v.in_range(iova, len)) return RkeyResult::kOutOfRange;
   if (atomic && (iova & 7) != 0) return RkeyResult::kMisaligned;

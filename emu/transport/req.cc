@@ -98,11 +98,12 @@ struct GatherCache {
     return w == &wqe && sge == i && g.held() && !mr->gate().closed() && mr->lkey() == v.key &&
            v.in_range(piece.addr, piece.length);
   }
-  // Keeps what check_local saw for SGE i of wqe: the guard holds the MR's view as it was.
-  void keep(const SendWqe& wqe, uint32_t i, const Mr& m, AccessGuard&& guard) {
+  // Keeps what check_local saw for SGE i of wqe (its view: the guard keeps it so).
+  void keep(const SendWqe& wqe, uint32_t i, const Mr& m, const MrView& view,
+            AccessGuard&& guard) {
     w = &wqe;
     sge = i;
-    v = m.view();
+    v = view;
     mr = &m;
     g = std::move(guard);
   }
@@ -126,10 +127,11 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
       AccessGuard g;
       std::shared_ptr<Mr> mr;
       uint64_t host = 0;
+      MrView v;
       WcStatus st = check_local(dev.keys(), w.sge[0], qp.pd().get(), false, dev.config().errors,
-                                &host, &g, &mr);
+                                &host, &g, &mr, &v);
       if (st != WcStatus::kSuccess) return st;
-      if (mr) gc->keep(w, 0, *mr, std::move(g));
+      if (mr) gc->keep(w, 0, *mr, v, std::move(g));
       continue;
     }
     WcStatus st = check_local(dev.keys(), w.sge[i], qp.pd().get(), need_write,
@@ -170,10 +172,11 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len,
     } else {
       if (gc != nullptr) gc->reset();
       std::shared_ptr<Mr> mr;
+      MrView v;
       WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors,
-                                &host, &g, gc != nullptr ? &mr : nullptr);
+                                &host, &g, gc != nullptr ? &mr : nullptr, &v);
       if (st != WcStatus::kSuccess) return st;
-      if (gc != nullptr && mr) gc->keep(w, w.sge_index, *mr, std::move(g));
+      if (gc != nullptr && mr) gc->keep(w, w.sge_index, *mr, v, std::move(g));
     }
     if (!dev.mem().read(host, dst, n)) {
       bump(qp.comp_.ctr, e.counters(), Ctr::kMemFault);

@@ -3,7 +3,9 @@
 // S12/S13/S14 window semantics, S17 dereg while bound, rereg, reg_mr flag rules.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "emu/objects/memory.h"
 #include "tests/emu/emu_test_util.h"
@@ -262,6 +264,44 @@ TEST_F(Protection, ReregTranslation) {
   EXPECT_EQ(env.dev->rereg_mr(mr, 0, nullptr, 0, 0, 0), Errc::kInval);
   EXPECT_EQ(env.dev->rereg_mr(mr, 1u << 3, nullptr, 0, 0, 0), Errc::kInval);
   EXPECT_EQ(env.dev->rereg_mr(mr, kReregChangeTranslation, nullptr, base(), 0, 0), Errc::kInval);
+}
+
+// Mr::view() reads without a lock (a sequence lock): a reader racing reregs sees the fields
+// of one registration or the other, never a mix. Translation and access change together
+// here: A = [base, +1024) with LOCAL_WRITE|REMOTE_WRITE, B = [base+1024, +512) with
+// LOCAL_WRITE only; each rereg also issues a new key.
+TEST_F(Protection, ViewIsNeverTornAcrossReregs) {
+  auto mr = reg(kAll);
+  const uint32_t acc_a = kAccessLocalWrite | kAccessRemoteWrite, acc_b = kAccessLocalWrite;
+  ASSERT_TRUE(env.dev->rereg_mr(mr, kReregChangeTranslation | kReregChangeAccess, nullptr,
+                                base(), 1024, acc_a)
+                  .is_ok());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> seen{0}, torn{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const MrView v = mr->view();
+      const bool a = v.host_addr == base() && v.length == 1024 && v.access == acc_a;
+      const bool b = v.host_addr == base() + 1024 && v.length == 512 && v.access == acc_b;
+      if (!(a || b) || v.iova != v.host_addr || v.state != MrState::kValid || v.key == 0)
+        torn.fetch_add(1, std::memory_order_relaxed);
+      seen.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    const bool to_b = i % 2 == 0;
+    ASSERT_TRUE(env.dev->rereg_mr(mr, kReregChangeTranslation | kReregChangeAccess, nullptr,
+                                  to_b ? base() + 1024 : base(), to_b ? 512 : 1024,
+                                  to_b ? acc_b : acc_a)
+                    .is_ok());
+    const MrView v = mr->view();  // the writer's own thread sees its change at once
+    EXPECT_EQ(v.key, mr->lkey());
+    EXPECT_EQ(v.length, to_b ? 512u : 1024u);
+  }
+  stop = true;
+  reader.join();
+  EXPECT_GT(seen.load(), 0u);
+  EXPECT_EQ(torn.load(), 0u);
 }
 
 // ------------------------------------------------------------------ MW semantics
