@@ -53,6 +53,16 @@ constexpr size_t kRxCtrl = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(i
 // Control space for one sent datagram: UDP_SEGMENT, IPV6_TCLASS, IPV6_HOPLIMIT.
 constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t)) + 2 * CMSG_SPACE(sizeof(int));
 
+// The kernel's count of datagrams dropped at fd (sk_drops, what SO_RXQ_OVFL reports).
+uint64_t socket_drops(int fd) {
+  uint32_t mi[SK_MEMINFO_VARS] = {};
+  socklen_t len = sizeof(mi);
+  if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 ||
+      len <= SK_MEMINFO_DROPS * sizeof(uint32_t))
+    return 0;
+  return mi[SK_MEMINFO_DROPS];
+}
+
 void fill_sockaddr(const Endpoint& e, SockAddr* out, socklen_t* len) {
   sockaddr_storage ss;
   *len = e.to_sockaddr(&ss);
@@ -282,6 +292,8 @@ int UdpPort::join_group(const Endpoint& group, bool join) {
   if (!join) {
     if (at == groups_.size()) return -ENOENT;
     (void)epoll_ctl(gepfd_, EPOLL_CTL_DEL, groups_[at].fd, nullptr);
+    // Its drops stay counted (kernel_drops reads only the sockets still open).
+    ctr_.rx_dropped.fetch_add(socket_drops(groups_[at].fd), std::memory_order_relaxed);
     ::close(groups_[at].fd);  // closing the socket leaves the group
     groups_.erase(groups_.begin() + static_cast<std::ptrdiff_t>(at));
     ngroups_.store(groups_.size(), std::memory_order_release);
@@ -559,23 +571,14 @@ int UdpPort::recv_side(std::span<RxDesc> descs) {
   return int(n);
 }
 
-namespace {
-// The kernel's count of datagrams dropped at fd (sk_drops, what SO_RXQ_OVFL reports).
-uint64_t socket_drops(int fd) {
-  uint32_t mi[SK_MEMINFO_VARS] = {};
-  socklen_t len = sizeof(mi);
-  if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 ||
-      len <= SK_MEMINFO_DROPS * sizeof(uint32_t))
-    return 0;
-  return mi[SK_MEMINFO_DROPS];
-}
-}  // namespace
 
 uint64_t UdpPort::kernel_drops() const {
   uint64_t n = 0;
+  // The unicast sockets (fixed for the port's life) and the groups joined (grp_mu_; a group
+  // left added its count to rx_dropped). Not the side channel: a SOCK_SEQPACKET socket
+  // whose sender waits rather than drops, and which the receive thread may close.
   for (size_t i = 0; i < nsocks_; ++i) n += socket_drops(socks_[i].fd);
-  n += socket_drops(side_fd_);
-  std::lock_guard lk(grp_mu_);  // (a group left takes its count with it)
+  std::lock_guard lk(grp_mu_);
   for (const Group& g : groups_) n += socket_drops(g.fd);
   return n;
 }

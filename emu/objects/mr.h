@@ -103,7 +103,8 @@ struct MrView {
 
 // A memory region. Created by Device::reg_mr; the key table holds it by key.
 // Thread-safety: all const members are safe from any thread (a shared lock guards the
-// fields rereg can change); the mutators are for Device (control path).
+// fields rereg can change; view() reads their published copy without it); the mutators are
+// for Device (control path).
 class Mr {
  public:
   Mr(Device& dev, std::shared_ptr<Pd> pd, uint64_t host_addr, uint64_t length, uint64_t iova,

@@ -190,7 +190,7 @@ void on_progress(Engine& e, Qp& qp, uint32_t psn0) {
     }
   }
   c.win.probe_out = false;
-  const uint64_t now = wire::monotonic_ns();
+  const uint64_t now = e.rx_now();  // the batch's reading (an ACK is a received packet)
   const int32_t acked = psn_diff(c.psn, psn0);
   if (is_reliable(qp.type()) && acked > 0)
     win_on_progress(c.win, static_cast<uint32_t>(acked), c.psn, now);

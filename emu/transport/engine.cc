@@ -105,6 +105,8 @@ uint32_t ack_tail_index(const wire::RxDesc& d) {
 thread_local bool t_progress_thread = false;
 // The engine whose receive batch this thread is running (drain_locked; rx_mu_ held).
 thread_local Engine* t_drain_engine = nullptr;
+// drain_locked's batch reading, for t_drain_engine's packets (Engine::rx_now).
+thread_local uint64_t* t_drain_clock = nullptr;
 
 TxBatch& tx_batch_for_thread() {
   thread_local TxBatch batch;
@@ -511,11 +513,21 @@ int Engine::try_poll_rx(int budget) {
 }
 
 int Engine::drain_locked(int budget) {
-  struct DrainMark {  // t_drain_engine for the batch (take_ack), restored on the way out
+  // t_drain_engine for the batch (take_ack) and the batch's clock (rx_now), restored on the
+  // way out.
+  uint64_t now_cache = 0;
+  struct DrainMark {
     Engine* prev;
-    explicit DrainMark(Engine* e) : prev(t_drain_engine) { t_drain_engine = e; }
-    ~DrainMark() { t_drain_engine = prev; }
-  } mark(this);
+    uint64_t* prev_clock;
+    DrainMark(Engine* en, uint64_t* clock) : prev(t_drain_engine), prev_clock(t_drain_clock) {
+      t_drain_engine = en;
+      t_drain_clock = clock;
+    }
+    ~DrainMark() {
+      t_drain_engine = prev;
+      t_drain_clock = prev_clock;
+    }
+  } mark(this, &now_cache);
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   // Completion events raised by this batch fire only once its ACKs have been sent: an app
@@ -524,10 +536,10 @@ int Engine::drain_locked(int budget) {
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) drain_fault_rx_locked();
   uint64_t linger_end = 0;
-  // flush_acks_locked's clock: read once for a batch and the drain's end after it (two
-  // reads a ping-pong message before), again for each later batch (a long drain must not
-  // hold ACKs past their deadline on a stale reading).
-  uint64_t now_cache = 0;
+  // The batch's clock (rx_now: an ACK's RTT sample and retransmit timer, flush_acks_locked's
+  // holds): read once for a batch and the drain's end after it (three reads a ping-pong
+  // message before), again for each later batch (a long drain must not hold ACKs past their
+  // deadline on a stale reading).
   linger_qp_ = nullptr;
   linger_more_ = false;
   idle_qp_ = nullptr;
@@ -605,6 +617,12 @@ int Engine::drain_locked(int budget) {
     if (t_progress_thread && !rx_watched_.load(std::memory_order_seq_cst)) hand_back_rx(false);
   }
   return total;  // `events` releases the rest
+}
+
+uint64_t Engine::rx_now() {
+  if (t_drain_engine != this || t_drain_clock == nullptr) return wire::monotonic_ns();
+  if (*t_drain_clock == 0) *t_drain_clock = wire::monotonic_ns();
+  return *t_drain_clock;
 }
 
 void Engine::flush_acks_locked(uint64_t* now_cache) {
@@ -1188,9 +1206,12 @@ void Engine::park_timerfd() {
   // The deadline the progress thread programmed before the polls took receive (a
   // retransmit timer, ~200 us ahead on every request) would still wake it, on a core a
   // spinning thread wants: 1 in ~100 ib_send_lat iterations paid that switch. The polls
-  // run it (armed_ns_ keeps it); a hand-back or the lease's end programs it again.
+  // run it (armed_ns_ keeps it); the progress thread programs it again when it next wakes,
+  // at the latest at the lease's end, as any deadline parked meanwhile (hand_back_rx).
+  // Not if receive went back between the take and here (re-checked under the timer lock,
+  // which program_parked_timer takes too): the progress thread owns the timerfd again.
   std::lock_guard lk(timer_mu_);
-  if (programmed_ns_ == ~uint64_t{0}) return;
+  if (programmed_ns_ == ~uint64_t{0} || rx_watched_.load(std::memory_order_seq_cst)) return;
   programmed_ns_ = ~uint64_t{0};
   program_timerfd(timer_fd_, 0);  // a zero it_value disarms
 }
@@ -1205,6 +1226,8 @@ void Engine::program_parked_timer() {
   // Only what arm_locked parked is earlier than what the timerfd holds (a past deadline
   // fires at once). The common case reads two words under a leaf lock.
   std::lock_guard lk(timer_mu_);
+  // The polls took receive again meanwhile: the timers are theirs (park_timerfd).
+  if (!rx_watched_.load(std::memory_order_seq_cst)) return;
   const uint64_t a = armed_ns_.load(std::memory_order_relaxed);
   if (a == ~uint64_t{0} || a >= programmed_ns_) return;
   programmed_ns_ = a;

@@ -348,6 +348,9 @@ class Engine final : public TransportHooks {
       linger_more_ = true;
     }
   }
+  // The clock for a received packet's steps: the reading this thread's drain of this engine
+  // shares for its batch (taken at its first use), else a fresh one.
+  uint64_t rx_now();
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
   // Whether the kernel's timerfd will wake the progress thread (timerfd_gettime; tests).

@@ -580,7 +580,12 @@ TEST(BusyPollTest, TakingReceiveDisarmsTheTimerfdAndThePollsRunTheTimers) {
   wa.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
   wa.rdma.rkey = s.mout->rkey();
   ASSERT_TRUE(post(s.qa, wa).is_ok());
-  ASSERT_TRUE(s.p.a.eng->timerfd_programmed());  // the progress thread watches: programmed
+  // The progress thread watches receive: the deadline is programmed (or, after a preemption
+  // past it, fired and programmed again: looked for up to 1 s).
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!s.p.a.eng->timerfd_programmed() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  ASSERT_TRUE(s.p.a.eng->timerfd_programmed());
   const uint64_t probes = s.ctr(Ctr::kRetransProbes) + s.ctr(Ctr::kRetransPkts);
   ASSERT_TRUE(s.take());
   EXPECT_FALSE(s.p.a.eng->timerfd_programmed());
