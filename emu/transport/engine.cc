@@ -1206,8 +1206,10 @@ void Engine::park_timerfd() {
   // The deadline the progress thread programmed before the polls took receive (a
   // retransmit timer, ~200 us ahead on every request) would still wake it, on a core a
   // spinning thread wants: 1 in ~100 ib_send_lat iterations paid that switch. The polls
-  // run it (armed_ns_ keeps it); the progress thread programs it again when it next wakes,
-  // at the latest at the lease's end, as any deadline parked meanwhile (hand_back_rx).
+  // run it (armed_ns_ keeps it). After a hand-back it is programmed again by the hand-back
+  // itself where that programs the parked timer (left_data_path, a held ACK), else when the
+  // progress thread next runs the timers: at the latest at the lease's end (busy_poll_ns), as
+  // any deadline parked meanwhile (hand_back_rx). A receive wake-up alone does not run them.
   // Not if receive went back between the take and here (re-checked under the timer lock,
   // which program_parked_timer takes too): the progress thread owns the timerfd again.
   std::lock_guard lk(timer_mu_);
