@@ -209,14 +209,18 @@ void writes_during_registration(bool mover) {
   auto [dev, pd] = local_device();
   uint8_t* buf = map_pages(2, 0);
   auto* ctr = reinterpret_cast<volatile uint64_t*>(buf + kPage + 512);  // not in the MR
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, started{false};
   uint64_t mine = 0;
   std::thread t([&] {
     while (!stop.load(std::memory_order_relaxed)) {
       *ctr = *ctr + 1;
       ++mine;
+      started.store(true, std::memory_order_relaxed);
     }
   });
+  // The stores must race the moves: on a loaded machine (CI runs tests side by side) the
+  // thread may not run before the 200 registrations are over (CI saw mine == 0 once).
+  while (!started.load(std::memory_order_relaxed)) std::this_thread::yield();
   const auto a = reinterpret_cast<uint64_t>(buf);
   pin_force_mover_for_test(mover);
   const PinMoveCounts before = pin_move_counts();
