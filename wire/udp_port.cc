@@ -46,12 +46,26 @@ union SockAddr {
   sockaddr_in6 v6;
 };
 
-// Control space for one received datagram: PKTINFO (v4 or v6), UDP_GRO, TOS / TCLASS, IPv6
-// hop limit and flow info (and room for a cmsg we did not ask for).
+// Control space for one received datagram: PKTINFO (v4 or v6; a wildcard bind only), UDP_GRO,
+// TOS / TCLASS, IPv6 hop limit and flow info (the last three: ints). The 64 spare bytes are
+// slack: a cmsg that does not fit sets MSG_CTRUNC and is lost, never overruns the buffer.
 constexpr size_t kRxCtrl = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) +
-                           CMSG_SPACE(sizeof(uint32_t)) + 3 * CMSG_SPACE(sizeof(int)) + 64;
+                           3 * CMSG_SPACE(sizeof(int)) + 64;
 // Control space for one sent datagram: UDP_SEGMENT, IPV6_TCLASS, IPV6_HOPLIMIT.
 constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t)) + 2 * CMSG_SPACE(sizeof(int));
+
+// A socket bound to one address (a unicast address, or a multicast group: join_group)
+// receives only datagrams sent to it: their header's destination is the bound address
+// (recv_fd's default). Only a wildcard bind asks the kernel for each datagram's (a cmsg per
+// datagram: ~0.05 us of a 64 B ping-pong's one-way, measured). 0 or an errno.
+int ask_pktinfo_if_wildcard(int fd, const Endpoint& bound) {
+  static constexpr uint8_t kAny[16] = {};
+  if (std::memcmp(bound.addr, kAny, bound.ipv6 ? 16 : 4) != 0) return 0;
+  const int one = 1;
+  const int r = bound.ipv6 ? setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one))
+                           : setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+  return r != 0 ? errno : 0;
+}
 
 // The kernel's count of datagrams dropped at fd (sk_drops, what SO_RXQ_OVFL reports).
 uint64_t socket_drops(int fd) {
@@ -192,16 +206,7 @@ int open_socket(const Endpoint& bind_ep, const UdpPortOptions& opt, bool* gso, b
   if (getsockname(fd, &got.sa, &gotlen) != 0) return fail(errno);
   if (!local->from_sockaddr(&got.sa, gotlen)) return fail(EAFNOSUPPORT);
   if (bind.ipv6 && !local->ipv6) return fail(EAFNOSUPPORT);
-  // A socket bound to one unicast address receives only datagrams sent to it: their header's
-  // destination is `local` (recv_fd's default). Only a wildcard bind asks the kernel for each
-  // datagram's (a cmsg per datagram: ~0.05 us of a 64 B ping-pong's one-way, measured).
-  static constexpr uint8_t kAny[16] = {};
-  if (std::memcmp(local->addr, kAny, local->ipv6 ? 16 : 4) == 0) {
-    const int r = local->ipv6
-                      ? setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one))
-                      : setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
-    if (r != 0) return fail(errno);
-  }
+  if (const int e = ask_pktinfo_if_wildcard(fd, *local); e != 0) return fail(e);
   set_multicast_if(fd, *local);
   return fd;
 }
@@ -322,13 +327,11 @@ int UdpPort::join_group(const Endpoint& group, bool join) {
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) return fail(errno);
   if (g.ipv6) {
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) != 0) return fail(errno);
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one));
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one));
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof(one));
     (void)setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_ALL, &zero, sizeof(zero));
   } else {
-    if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) != 0) return fail(errno);
     (void)setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one));
     // Only the groups this socket joined (not every group any socket of the host joined).
     (void)setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof(zero));
@@ -337,6 +340,7 @@ int UdpPort::join_group(const Endpoint& group, bool join) {
   sockaddr_storage ss;
   const socklen_t sl = g.to_sockaddr(&ss);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) return fail(errno);
+  if (const int e = ask_pktinfo_if_wildcard(fd, g); e != 0) return fail(e);  // bound: none
   if (g.ipv6) {
     ipv6_mreq m{};
     std::memcpy(&m.ipv6mr_multiaddr, g.addr, 16);
