@@ -99,7 +99,8 @@ struct TxDesc {
 // One receive slot. The caller provides buf/cap; the port fills src, dst, len, ip_id,
 // seg_size and truncated.
 //  - src: sender's IP and UDP source port (the UDP source port is covered by ICRC).
-//  - dst: the datagram's destination IP (IP_PKTINFO) and this port's UDP port.
+//  - dst: the datagram's destination IP and this port's UDP port (UdpPort: the address its
+//    socket is bound to, a multicast group's for a group socket; IP_PKTINFO on a wildcard bind).
 //  - ip_id: the IPv4 ID if the port knows it (MemPort), else 0 (UdpPort: the kernel
 //    does not report it; verify ICRC with 0 and fall back per the receive policy).
 //  - seg_size: 0 for a single datagram; with GRO enabled (UdpPortOptions::gro) the

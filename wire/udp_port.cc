@@ -47,17 +47,17 @@ union SockAddr {
 };
 
 // Control space for one received datagram: PKTINFO (v4 or v6; a wildcard bind only), UDP_GRO,
-// TOS / TCLASS, IPv6 hop limit and flow info (the last three: ints). The 64 spare bytes are
-// slack: a cmsg that does not fit sets MSG_CTRUNC and is lost, never overruns the buffer.
+// TOS / TCLASS, IPv6 hop limit and flow info (each fits the space of an int). The 64 spare
+// bytes are slack: a cmsg that does not fit sets MSG_CTRUNC and is lost, never overruns.
 constexpr size_t kRxCtrl = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) +
                            3 * CMSG_SPACE(sizeof(int)) + 64;
 // Control space for one sent datagram: UDP_SEGMENT, IPV6_TCLASS, IPV6_HOPLIMIT.
 constexpr size_t kTxCtrl = CMSG_SPACE(sizeof(uint16_t)) + 2 * CMSG_SPACE(sizeof(int));
 
-// A socket bound to one address (a unicast address, or a multicast group: join_group)
-// receives only datagrams sent to it: their header's destination is the bound address
-// (recv_fd's default). Only a wildcard bind asks the kernel for each datagram's (a cmsg per
-// datagram: ~0.05 us of a 64 B ping-pong's one-way, measured). 0 or an errno.
+// A socket bound to one address receives only datagrams sent to it: their header's
+// destination is the bound address (recv_fd's default; join_group's sockets, bound to their
+// group, follow the same rule). Only a wildcard bind asks the kernel for each datagram's (a
+// cmsg per datagram: ~0.05 us of a 64 B ping-pong's one-way, measured). 0 or an errno.
 int ask_pktinfo_if_wildcard(int fd, const Endpoint& bound) {
   static constexpr uint8_t kAny[16] = {};
   if (std::memcmp(bound.addr, kAny, bound.ipv6 ? 16 : 4) != 0) return 0;
@@ -340,7 +340,8 @@ int UdpPort::join_group(const Endpoint& group, bool join) {
   sockaddr_storage ss;
   const socklen_t sl = g.to_sockaddr(&ss);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) return fail(errno);
-  if (const int e = ask_pktinfo_if_wildcard(fd, g); e != 0) return fail(e);  // bound: none
+  // No IP_PKTINFO: bound to its group, it receives only datagrams sent to the group, which
+  // recv_groups reports as their destination (ask_pktinfo_if_wildcard's rule).
   if (g.ipv6) {
     ipv6_mreq m{};
     std::memcpy(&m.ipv6mr_multiaddr, g.addr, 16);

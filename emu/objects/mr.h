@@ -154,7 +154,9 @@ class Mr {
   uint32_t access_;
   std::shared_ptr<PinnedRange> pin_;  // null once deregistered
   MrState state_ = MrState::kValid;
-  // The key again, as view word 5 holds it: both are written under mu_ and stay equal. Kept
+  // The key again, as view word 5 holds it: both are written under mu_, so they are equal
+  // whenever it is free (a lock-free reader may see them differ inside add_mr or rereg, while
+  // the key is not yet handed out or the gate is closed, so covers() fails anyway). Kept
   // twice on purpose: lkey() is read per packet (GatherCache::covers), and one atomic load is
   // cheaper than a sequence read of the view.
   std::atomic<uint32_t> key_{0};

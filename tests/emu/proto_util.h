@@ -287,16 +287,20 @@ inline Status post(const std::shared_ptr<Qp>& qp, const SendWr& wr) {
 }
 
 // Polls cq (driving receive inline through on_poll_empty) until n completions or timeout.
+// spin: empty polls made back to back (as perftest spins on its CQ) before each further empty
+// poll yields the CPU. With 0 every empty poll yields; on a loaded machine a yield can outlast
+// a busy-poll gap, so tests of the busy-poll hand-off spin.
 inline std::vector<Cqe> poll_n(Cq& cq, size_t n, int timeout_ms = 5000,
-                               std::initializer_list<Node*> pump_nodes = {}) {
+                               std::initializer_list<Node*> pump_nodes = {}, int spin = 0) {
   std::vector<Cqe> out;
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   Cqe buf[16];
+  int empty = 0;
   while (out.size() < n && std::chrono::steady_clock::now() < end) {
     for (Node* nd : pump_nodes) nd->eng->poll_rx();
     int k = cq.poll(buf, static_cast<int>(std::min<size_t>(16, n - out.size())));
     for (int i = 0; i < k; ++i) out.push_back(buf[i]);
-    if (k == 0 && pump_nodes.size() == 0) std::this_thread::yield();
+    if (k == 0 && pump_nodes.size() == 0 && ++empty > spin) std::this_thread::yield();
   }
   return out;
 }
