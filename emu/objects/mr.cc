@@ -170,6 +170,7 @@ MrView Mr::view() const {
     v.access = static_cast<uint32_t>(w5);
     v.key = static_cast<uint32_t>(w5 >> 32);
     v.state = static_cast<MrState>(w6);
+    v.seq = s;
     return v;
   }
 }

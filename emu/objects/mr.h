@@ -92,6 +92,7 @@ struct MrView {
   uint32_t access = 0;     // kAccess* bits
   uint32_t key = 0;        // lkey == rkey
   MrState state = MrState::kInvalid;
+  uint32_t seq = 0;        // the publication it was read from (Mr::view_seq)
 
   // [va, va+len) inside [iova, iova+length), overflow-free (docs/checks.md §2.3 step 6).
   bool in_range(uint64_t va, uint64_t len) const {
@@ -116,6 +117,9 @@ class Mr {
   uint32_t lkey() const { return key_.load(std::memory_order_acquire); }
   uint32_t rkey() const { return key_.load(std::memory_order_acquire); }
   MrView view() const;
+  // Changes with every publication of the view (rereg, dereg, close, the pin's release): a
+  // view whose seq is still current describes the MR as it is. One acquire load.
+  uint32_t view_seq() const { return vseq_.load(std::memory_order_acquire); }
   std::shared_ptr<Pd> pd() const;
   uint64_t addr() const { return view().host_addr; }
   uint64_t iova() const { return view().iova; }

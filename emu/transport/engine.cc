@@ -528,13 +528,21 @@ int Engine::drain_locked(int budget) {
       t_drain_clock = prev_clock;
     }
   } mark(this, &now_cache);
+  // The local checks of a batch's scatters (READ responses, SEND payloads), let go at the
+  // batch's end: a guard kept longer would make a dereg wait for the peer.
+  auto end_batch = [&] {
+    if (const uint64_t kept = rx_scatter_.reset(); kept != 0) ctr_.add(Ctr::kScatterKept, kept);
+  };
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   // Completion events raised by this batch fire only once its ACKs have been sent: an app
   // woken by one (ib_send_lat -e) must not get its reply onto the wire ahead of our ACK.
   CqEventHold events;
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
-  if (faults) drain_fault_rx_locked();
+  if (faults) {
+    drain_fault_rx_locked();
+    end_batch();
+  }
   uint64_t linger_end = 0;
   // The batch's clock (rx_now: an ACK's RTT sample and retransmit timer, flush_acks_locked's
   // holds): read once for a batch and the drain's end after it (three reads a ping-pong
@@ -582,6 +590,7 @@ int Engine::drain_locked(int budget) {
     }
     total += n;
     if (faults) drain_fault_rx_locked();
+    end_batch();
     if (linger_end != 0 && linger_qp_ == nullptr) {  // the answer came (answer_came)
       linger_end = 0;
       ctr_.add(Ctr::kLingerHit);
@@ -602,6 +611,7 @@ int Engine::drain_locked(int budget) {
     if (n < kRxBatch && linger_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0)
       break;
   }
+  end_batch();  // (a loop left before its batch's end kept nothing; cheap when empty)
   flush_acks_locked(&now_cache);
   flush(*rx_tx_);
   if (total > 0) ctr_.add(t_progress_thread ? Ctr::kRxDrainProgress : Ctr::kRxDrainPoll);
@@ -617,6 +627,10 @@ int Engine::drain_locked(int budget) {
     if (t_progress_thread && !rx_watched_.load(std::memory_order_seq_cst)) hand_back_rx(false);
   }
   return total;  // `events` releases the rest
+}
+
+ScatterCache* Engine::drain_scatter_cache() {
+  return t_drain_engine != nullptr ? &t_drain_engine->rx_scatter_ : nullptr;
 }
 
 uint64_t Engine::rx_now() {

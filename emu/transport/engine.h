@@ -58,6 +58,7 @@
 #include "emu/objects/status.h"
 #include "emu/transport/gsi.h"
 #include "emu/transport/one_copy.h"
+#include "emu/transport/scatter_cache.h"
 #include "emu/transport/stash.h"
 #include "wire/port.h"
 
@@ -351,6 +352,9 @@ class Engine final : public TransportHooks {
   // The clock for a received packet's steps: the reading this thread's drain of this engine
   // shares for its batch (taken at its first use), else a fresh one.
   uint64_t rx_now();
+  // The ScatterCache of the engine whose receive drain this thread is in (scatter_sges), or
+  // null outside one.
+  static ScatterCache* drain_scatter_cache();
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
   // Whether the kernel's timerfd will wake the progress thread (timerfd_gettime; tests).
@@ -446,6 +450,7 @@ class Engine final : public TransportHooks {
   static constexpr uint32_t kRxBufBytes = 65536;  // a GRO buffer holds many datagrams
   std::unique_ptr<uint8_t[]> rx_mem_;
   wire::RxDesc rx_descs_[kRxBatch];
+  ScatterCache rx_scatter_;  // the batch's scatter checks (drain_locked, under rx_mu_)
   std::unique_ptr<TxBatch> rx_tx_;
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once

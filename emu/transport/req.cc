@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "emu/transport/comp.h"
 #include "emu/objects/device.h"
 #include "emu/transport/engine.h"
 #include "emu/transport/one_copy.h"
+#include "emu/transport/scatter_cache.h"
 #include "emu/transport/window.h"
 #include "emu/objects/mr.h"
 #include "emu/objects/mw.h"
@@ -24,8 +26,68 @@ namespace op = wire::op;
 
 // ---------------------------------------------------------------- receive scatter
 
+bool ScatterCache::find(const KeyTable& keys, const Sge& piece, const Pd* pd, uint64_t* host) {
+  for (int i = 0; i < n_; ++i) {
+    Slot& s = slots_[i];
+    if (s.keys != &keys || s.v.key != piece.lkey) continue;
+    // Still the MR as checked, and no dereg / rereg waiting for the guard.
+    if (s.mr->view_seq() != s.v.seq || s.mr->gate().closed()) {
+      drop(i);
+      return false;
+    }
+    if (s.v.pd != pd || !s.v.in_range(piece.addr, piece.length)) return false;
+    *host = s.v.translate(piece.addr);
+    ++hits_;
+    return true;
+  }
+  return false;
+}
+
+void ScatterCache::keep(const KeyTable& keys, const Mr& mr, const MrView& v, AccessGuard&& g) {
+  if (!g.held() || (v.access & kAccessLocalWrite) == 0 || v.state != MrState::kValid) return;
+  int i = 0;
+  while (i < n_ && !(slots_[i].keys == &keys && slots_[i].v.key == v.key)) ++i;
+  if (i == n_) {
+    if (n_ < kSlots) {
+      ++n_;
+    } else {
+      i = next_;
+      next_ = (next_ + 1) % kSlots;
+    }
+  }
+  Slot& s = slots_[i];
+  s.keys = &keys;
+  s.v = v;
+  s.g = std::move(g);  // lets the slot's previous guard go
+  s.mr = &mr;
+}
+
+void ScatterCache::drop(int i) {
+  slots_[i].g.reset();
+  slots_[i].mr = nullptr;
+  if (i != n_ - 1) {
+    Slot& last = slots_[n_ - 1];
+    slots_[i].keys = last.keys;
+    slots_[i].v = last.v;
+    slots_[i].g = std::move(last.g);
+    slots_[i].mr = std::exchange(last.mr, nullptr);
+  }
+  --n_;
+}
+
+uint64_t ScatterCache::reset_slow() {
+  for (int i = 0; i < n_; ++i) {
+    slots_[i].g.reset();
+    slots_[i].mr = nullptr;
+  }
+  n_ = 0;
+  next_ = 0;
+  return std::exchange(hits_, 0);
+}
+
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
                       const uint8_t* data, uint64_t len, Counters* qp_ctr, Counters* dev_ctr) {
+  ScatterCache* sc = Engine::drain_scatter_cache();  // null outside a receive drain
   uint32_t i = 0;
   while (i < n && offset >= sges[i].length) {
     offset -= sges[i].length;
@@ -44,8 +106,14 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
     Sge piece{s.addr + offset, k, s.lkey};
     uint64_t host = 0;
     AccessGuard g;  // held until the write returned: dereg waits for it (issue 10 item 3)
-    WcStatus st = check_local(dev.keys(), piece, pd, true, dev.config().errors, &host, &g);
-    if (st != WcStatus::kSuccess) return st;
+    if (sc == nullptr || !sc->find(dev.keys(), piece, pd, &host)) {
+      std::shared_ptr<Mr> mr;
+      MrView v;
+      WcStatus st = check_local(dev.keys(), piece, pd, true, dev.config().errors, &host, &g,
+                                sc != nullptr ? &mr : nullptr, &v);
+      if (st != WcStatus::kSuccess) return st;
+      if (sc != nullptr && mr) sc->keep(dev.keys(), *mr, v, std::move(g));  // holds it on
+    }
     if (!dev.mem().write(host, data, k)) {
       if (qp_ctr != nullptr) qp_ctr->add(Ctr::kMemFault);
       if (dev_ctr != nullptr) dev_ctr->add(Ctr::kMemFault);

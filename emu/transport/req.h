@@ -52,8 +52,11 @@ inline uint32_t num_pkts(uint64_t len, uint32_t mtu) {
 // short; the local error status of the failed piece otherwise. (Responder receive path.)
 // Each piece's MR is held (AccessGuard) while it is written; a write that faults returns
 // kLocProtErr and counts Ctr::kMemFault in qp_ctr and dev_ctr when given.
+// Called from a receive drain (Engine::drain_scatter_cache: one batch), a piece whose MR a
+// check kept from earlier in the batch covers is written without looking its key up again.
 WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, uint64_t offset,
                       const uint8_t* data, uint64_t len, Counters* qp_ctr = nullptr,
                       Counters* dev_ctr = nullptr);
+
 
 }  // namespace rnic::emu

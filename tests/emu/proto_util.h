@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,11 @@
 #include "wire/mem_port.h"
 #include "wire/packet.h"
 #include "wire/psn.h"
+
+namespace rnic::emu {
+// gtest prints a WcStatus by its name (EXPECT_EQ(status, WcStatus::kSuccess) failures).
+inline void PrintTo(WcStatus s, std::ostream* os) { *os << wc_status_name(s); }
+}  // namespace rnic::emu
 
 namespace rnic::emu::test {
 
