@@ -66,7 +66,7 @@ BENCHMARK(BM_SendPingPong64)->Arg(0)->Arg(1);
 
 // One RDMA READ of range(0) bytes at MTU 1024 (64 KiB: 64 response packets), one thread: a
 // posts it, b's drain answers it, a's drain scatters the responses into its MR and completes
-// it. Both sides' per-packet work, the requester's scatter checks (req.h ScatterCache) among
+// it. Both sides' per-packet work, the requester's scatter checks (ScatterCache) among
 // it, without the kernel.
 void BM_Read(benchmark::State& state) {
   wire::MemNetwork net;
