@@ -102,8 +102,9 @@ enum class Ctr : uint8_t {
   kTimersOnPoll,        // timers_on_poll (ours): timer runs done by a polling application
                         // thread while it held receive
   kScatterKept,         // scatter_kept (ours): pieces of a receive scatter (READ response,
-                        // SEND payload) that used a local check kept from earlier in the same
-                        // receive batch (ScatterCache) instead of looking their key up
+                        // atomic result, SEND or UD payload) that used a local check kept
+                        // from earlier in the same receive batch (ScatterCache) instead of
+                        // looking their key up
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -25,9 +25,10 @@ namespace rnic::emu {
 namespace {
 
 // The gates this thread holds guards on (so close_and_drain does not wait for itself).
-// Guards nest at most a few deep (one per packet being copied); past kHeldSlots entries a
-// thread's own guards are not recognised, which only matters if that thread then
-// deregisters the object (it would wait for itself).
+// A thread holds a few at once: one per copy in progress, the requester's GatherCache (one),
+// and a receive batch's ScatterCache (up to 4 per engine whose drain the thread is in). Past
+// kHeldSlots entries a thread's own guards are not recognised, which only matters if that
+// thread then deregisters the object (it would wait for itself).
 constexpr int kHeldSlots = 16;
 struct Held {
   const AccessGate* gate;

@@ -528,11 +528,17 @@ int Engine::drain_locked(int budget) {
       t_drain_clock = prev_clock;
     }
   } mark(this, &now_cache);
-  // The local checks of a batch's scatters (READ responses, SEND payloads), let go at the
-  // batch's end: a guard kept longer would make a dereg wait for the peer.
-  auto end_batch = [&] {
-    if (const uint64_t kept = rx_scatter_.reset(); kept != 0) ctr_.add(Ctr::kScatterKept, kept);
-  };
+  // The local checks of a batch's scatters (ScatterCache), let go at each batch's end and on
+  // every way out of the drain: a guard kept longer would make a dereg wait for the peer.
+  struct ScatterBatch {
+    Engine* en;
+    void end() {
+      if (const uint64_t kept = en->rx_scatter_.reset(); kept != 0)
+        en->ctr_.add(Ctr::kScatterKept, kept);
+    }
+    ~ScatterBatch() { end(); }
+  } scatter_batch{this};
+  auto end_batch = [&] { scatter_batch.end(); };
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   // Completion events raised by this batch fire only once its ACKs have been sent: an app
@@ -611,7 +617,6 @@ int Engine::drain_locked(int budget) {
     if (n < kRxBatch && linger_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0)
       break;
   }
-  end_batch();  // (a loop left before its batch's end kept nothing; cheap when empty)
   flush_acks_locked(&now_cache);
   flush(*rx_tx_);
   if (total > 0) ctr_.add(t_progress_thread ? Ctr::kRxDrainProgress : Ctr::kRxDrainPoll);

@@ -7,18 +7,22 @@
 
 namespace rnic::emu {
 
-// The local checks of one receive batch's scatters (READ responses at the requester, SEND
-// payloads at the responder: scatter_sges). A 64 KiB READ's responses are 16 to 64 packets into
-// one SGE, and each looked its lkey up, entered the MR's gate and read its view again (7% of the
-// READ requester's samples with the lock and guard work, docs/progress.md). A kept check holds
-// its MR's guard, so another thread cannot deregister or rereg the MR under it (they wait), and
-// its view, with the view's publication: a later piece compares the key, PD and range with the
-// kept view (LOCAL_WRITE and VALID were checked when kept), that the view is still the current
-// publication (a dereg publishes the MR invalid before it waits; a rereg, close or dereg from
-// inside a copy on this thread changes it) and that no closer waits (then the guard goes at once
-// and the full check refuses as it would have). Each engine's lives for one batch of its
-// drain_locked, under rx_mu_, and no longer: a guard kept across drains would make a dereg wait
-// for the peer's next packet. Not thread-safe (the drain's thread only).
+// The local checks of one receive batch's scatters (scatter_sges: READ responses and atomic
+// results at the requester, SEND and UD payloads at the responder). A 64 KiB READ's responses are
+// 16 to 64 packets into one SGE, and each looked its lkey up, entered the MR's gate and read its
+// view again (7% of the READ requester's samples with the lock and guard work, docs/progress.md).
+// A kept check holds its MR's guard, so another thread cannot deregister or rereg the MR under it
+// (they wait), and its view, with the view's publication: a later piece compares the key, PD and
+// range with the kept view (LOCAL_WRITE and VALID were checked when kept), that the view is still
+// the current publication (a dereg publishes the MR invalid before it waits; a rereg, close or
+// dereg from inside a copy on this thread changes it) and that no closer waits (then the guard
+// goes at once and the full check refuses as it would have). Each engine's lives for one batch of
+// its drain_locked, under rx_mu_, and no longer (also on an early way out): a guard kept across
+// drains would make a dereg wait for the peer's next packet. A rereg or dereg on another thread
+// that closes the gate meanwhile makes the batch's next piece into that MR fail (it lets the
+// guard go, and the full check finds the MR in transition), as it would have if the piece had
+// come while the gate was closed: ibv_rereg_mr(3) is a dereg followed by a reg. Not thread-safe
+// (the drain's thread only).
 class ScatterCache {
  public:
   static constexpr int kSlots = 4;  // MRs kept at once (a few QPs' buffers in one batch)

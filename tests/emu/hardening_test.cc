@@ -382,6 +382,7 @@ TEST_F(Hardening, S09_DeregMidReadResponsesStopsTheScatter) {
   fire_timers();
   EXPECT_EQ(only_send_status(), WcStatus::kLocProtErr);
   EXPECT_EQ(hm->writes, 5);  // no write after the dereg
+  EXPECT_EQ(c.eng->counters().get(Ctr::kScatterKept), 4u);  // responses 2-5 used the kept check
   EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 5 * 1024));
   EXPECT_EQ(first_change(lbuf, before, 5 * 1024), -1);  // nothing after it
 }
@@ -401,8 +402,30 @@ TEST_F(Hardening, S09_ReregMidReadResponsesStopsTheScatter) {
   fire_timers();
   EXPECT_EQ(only_send_status(), WcStatus::kLocProtErr);
   EXPECT_EQ(hm->writes, 5);
+  EXPECT_EQ(c.eng->counters().get(Ctr::kScatterKept), 4u);
   EXPECT_EQ(first_change(lbuf, before, 5 * 1024), -1);  // nothing after it
   EXPECT_TRUE(other.mem == other_before) << "a byte landed in the MR's new pages";
+}
+
+// An access-only rereg keeps the key (Device::rereg_mr): C's MR loses LOCAL_WRITE from inside
+// response 5's write. Only the view's publication tells the kept check that the MR changed;
+// response 6 is refused (LOC_PROT_ERR) and nothing lands after 5 KiB.
+TEST_F(Hardening, S09_AccessReregMidReadResponsesStopsTheScatter) {
+  const auto before = std::vector<uint8_t>(lbuf.mem.begin(), lbuf.mem.end());
+  const uint32_t key = ml->lkey();
+  auto hm = hook_target(c, lbuf, ml, [&] {
+    EXPECT_TRUE(c.dev->rereg_mr(ml, kReregChangeAccess, nullptr, 0, 0, 0).is_ok());
+  });
+  hm->fire_write = 5;
+  tbuf.pattern(3);
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  EXPECT_EQ(ml->lkey(), key);
+  EXPECT_EQ(only_send_status(), WcStatus::kLocProtErr);
+  EXPECT_EQ(hm->writes, 5);
+  EXPECT_EQ(c.eng->counters().get(Ctr::kScatterKept), 4u);
+  EXPECT_EQ(first_change(lbuf, before, 5 * 1024), -1);
 }
 
 // S19 (READ): a 16 KiB READ; S's MR is deregistered right after response 5 read its data.
