@@ -538,7 +538,6 @@ int Engine::drain_locked(int budget) {
     }
     ~ScatterBatch() { end(); }
   } scatter_batch{this};
-  auto end_batch = [&] { scatter_batch.end(); };
   int total = 0;
   rx_tx_->set_gso(gso_ ? port_->max_gso_segments() : 1);  // the batch is empty here
   // Completion events raised by this batch fire only once its ACKs have been sent: an app
@@ -547,7 +546,7 @@ int Engine::drain_locked(int budget) {
   const bool faults = fault_.load(std::memory_order_acquire) != nullptr;
   if (faults) {
     drain_fault_rx_locked();
-    end_batch();
+    scatter_batch.end();
   }
   uint64_t linger_end = 0;
   // The batch's clock (rx_now: an ACK's RTT sample and retransmit timer, flush_acks_locked's
@@ -596,7 +595,7 @@ int Engine::drain_locked(int budget) {
     }
     total += n;
     if (faults) drain_fault_rx_locked();
-    end_batch();
+    scatter_batch.end();
     if (linger_end != 0 && linger_qp_ == nullptr) {  // the answer came (answer_came)
       linger_end = 0;
       ctr_.add(Ctr::kLingerHit);

@@ -63,23 +63,12 @@ void ScatterCache::keep(const KeyTable& keys, const Mr& mr, const MrView& v, Acc
 }
 
 void ScatterCache::drop(int i) {
-  slots_[i].g.reset();
-  slots_[i].mr = nullptr;
-  if (i != n_ - 1) {
-    Slot& last = slots_[n_ - 1];
-    slots_[i].keys = last.keys;
-    slots_[i].v = last.v;
-    slots_[i].g = std::move(last.g);
-    slots_[i].mr = std::exchange(last.mr, nullptr);
-  }
-  --n_;
+  if (i != n_ - 1) slots_[i] = std::move(slots_[n_ - 1]);  // the guard moved lets i's go
+  slots_[--n_].clear();
 }
 
 uint64_t ScatterCache::reset_slow() {
-  for (int i = 0; i < n_; ++i) {
-    slots_[i].g.reset();
-    slots_[i].mr = nullptr;
-  }
+  for (int i = 0; i < n_; ++i) slots_[i].clear();
   n_ = 0;
   next_ = 0;
   return std::exchange(hits_, 0);

@@ -58,5 +58,4 @@ WcStatus scatter_sges(Device& dev, const Pd* pd, const Sge* sges, uint32_t n, ui
                       const uint8_t* data, uint64_t len, Counters* qp_ctr = nullptr,
                       Counters* dev_ctr = nullptr);
 
-
 }  // namespace rnic::emu

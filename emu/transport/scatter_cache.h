@@ -43,6 +43,10 @@ class ScatterCache {
     const Mr* mr = nullptr;  // kept alive by g
     MrView v;
     AccessGuard g;
+    void clear() {
+      g.reset();
+      mr = nullptr;
+    }
   };
   uint64_t reset_slow();
   void drop(int i);

@@ -12,18 +12,29 @@
 namespace rnic::emu::test {
 namespace {
 
-void BM_SendPingPong64(benchmark::State& state) {
+// Two devices on a MemNetwork with one connected RC QP each (MTU 1024).
+struct Pair {
   wire::MemNetwork net;
+  Node a, b;
+  std::shared_ptr<Qp> qa, qb;
+  explicit Pair(const EngineConfig& ec = {})
+      : a(Node::on_mem(net, "127.0.0.2", false, ErrorsMode::kSpec, 0, ec)),
+        b(Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, ec)) {
+    // As the shim's CQs without a completion-timestamp wc_flag (ibv_create_cq: perftest).
+    for (Node* n : {&a, &b})
+      for (Cq* c : {n->scq.get(), n->rcq.get()}) c->set_timestamps(false);
+    qa = a.qp(QpType::kRc);
+    qb = b.qp(QpType::kRc);
+    connect_pair(a, qa, b, qb);
+  }
+};
+
+void BM_SendPingPong64(benchmark::State& state) {
   EngineConfig ec;
   ec.ack_hold_ns = state.range(0) != 0 ? 50'000 : 0;
-  Node a = Node::on_mem(net, "127.0.0.2", false, ErrorsMode::kSpec, 0, ec);
-  Node b = Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, ec);
-  // As the shim's CQs without a completion-timestamp wc_flag (ibv_create_cq: perftest).
-  for (Node* n : {&a, &b})
-    for (Cq* c : {n->scq.get(), n->rcq.get()}) c->set_timestamps(false);
-  auto qa = a.qp(QpType::kRc);
-  auto qb = b.qp(QpType::kRc);
-  connect_pair(a, qa, b, qb);
+  Pair p(ec);
+  Node &a = p.a, &b = p.b;
+  auto &qa = p.qa, &qb = p.qb;
   constexpr uint32_t kLen = 64;
   constexpr int kSlots = 16;
   std::vector<uint8_t> ra(kLen * kSlots), rb(kLen * kSlots), ta(kLen, 1), tb(kLen, 2);
@@ -69,14 +80,9 @@ BENCHMARK(BM_SendPingPong64)->Arg(0)->Arg(1);
 // it. Both sides' per-packet work, the requester's scatter checks (ScatterCache) among
 // it, without the kernel.
 void BM_Read(benchmark::State& state) {
-  wire::MemNetwork net;
-  Node a = Node::on_mem(net, "127.0.0.2");
-  Node b = Node::on_mem(net, "127.0.0.3");
-  for (Node* n : {&a, &b})
-    for (Cq* c : {n->scq.get(), n->rcq.get()}) c->set_timestamps(false);
-  auto qa = a.qp(QpType::kRc);
-  auto qb = b.qp(QpType::kRc);
-  connect_pair(a, qa, b, qb);
+  Pair p;
+  Node &a = p.a, &b = p.b;
+  auto& qa = p.qa;
   const auto len = static_cast<uint32_t>(state.range(0));
   std::vector<uint8_t> la(len), rb(len, 7);
   auto mla = a.mr(la.data(), la.size()), mrb = b.mr(rb.data(), rb.size());

@@ -119,6 +119,14 @@ class Hardening : public ::testing::Test {
       if (b.mem[i] != before[i]) return static_cast<long>(i - g);
     return -1;
   }
+  // A 16 KiB READ of S's MR (a new pattern) into C's, expected to complete whole.
+  void read_16k_whole(uint64_t id) {
+    tbuf.pattern(3);
+    ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, id, 16 * 1024).is_ok());
+    run();
+    EXPECT_EQ(only_send_status(), WcStatus::kSuccess);
+    EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
+  }
   uint64_t cctr(Ctr k) { return qc->comp_.ctr.get(k); }
   uint64_t sctr(Ctr k) { return qs->comp_.ctr.get(k); }
 };
@@ -285,12 +293,8 @@ TEST_F(Hardening, MultiPacketTargetIsTouchedOncePerPacket) {
   ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
   EXPECT_EQ(hm->writes, 16);
   EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
-  tbuf.pattern(3);
-  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 2, 16 * 1024).is_ok());
-  run();
-  EXPECT_EQ(only_send_status(), WcStatus::kSuccess);
+  read_16k_whole(2);
   EXPECT_EQ(hm->reads, 16);
-  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
 }
 
 // S09 on the requester: C's source MR is deregistered (from inside the copy, so on the
@@ -344,12 +348,8 @@ TEST_F(Hardening, MultiPacketSourceIsReadOncePerPacket) {
 // up once and write each piece once; the MR's guard is let go when the drain ends.
 TEST_F(Hardening, ReadResponsesInOneBatchKeepTheirLocalCheck) {
   auto hm = hook_target(c, lbuf, ml, nullptr);
-  tbuf.pattern(3);
-  ASSERT_TRUE(post_rw(WrOpcode::kRdmaRead, 1, 16 * 1024).is_ok());
-  run();
-  EXPECT_EQ(only_send_status(), WcStatus::kSuccess);
+  read_16k_whole(1);
   EXPECT_EQ(hm->writes, 16);
-  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
   EXPECT_EQ(c.eng->counters().get(Ctr::kScatterKept), 15u);  // all but the first piece
   EXPECT_EQ(ml->gate().inflight(), 0u);  // nothing held once the drain returned
   EXPECT_TRUE(c.dev->dereg_mr(ml).is_ok());
