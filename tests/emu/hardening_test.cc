@@ -293,7 +293,7 @@ TEST_F(Hardening, MultiPacketTargetIsTouchedOncePerPacket) {
   ASSERT_EQ(drain_cq(*c.scq).size(), 1u);
   EXPECT_EQ(hm->writes, 16);
   EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 16 * 1024));
-  read_16k_whole(2);
+  ASSERT_NO_FATAL_FAILURE(read_16k_whole(2));
   EXPECT_EQ(hm->reads, 16);
 }
 
@@ -348,7 +348,7 @@ TEST_F(Hardening, MultiPacketSourceIsReadOncePerPacket) {
 // up once and write each piece once; the MR's guard is let go when the drain ends.
 TEST_F(Hardening, ReadResponsesInOneBatchKeepTheirLocalCheck) {
   auto hm = hook_target(c, lbuf, ml, nullptr);
-  read_16k_whole(1);
+  ASSERT_NO_FATAL_FAILURE(read_16k_whole(1));
   EXPECT_EQ(hm->writes, 16);
   EXPECT_EQ(c.eng->counters().get(Ctr::kScatterKept), 15u);  // all but the first piece
   EXPECT_EQ(ml->gate().inflight(), 0u);  // nothing held once the drain returned
