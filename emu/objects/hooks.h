@@ -35,6 +35,10 @@ class TransportHooks {
   // qp is being destroyed (already unreachable by QPN lookup). Both locks held. After
   // return the transports must hold no reference to qp's queues or timers.
   virtual void on_destroy(Qp& qp) = 0;
+  // An application thread posted to a send or receive queue (post_send, post_recv, an SRQ's
+  // post_recv), whatever the result. Called with no emu lock held, after the queue's own
+  // hook: a busy-polling application is in the library here, not away (Engine::on_app_post).
+  virtual void on_app_post() {}
   // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
   // responder/completer), then return; poll looks again once. No emu lock held.
   virtual void on_poll_empty(Cq& cq) = 0;

@@ -544,6 +544,12 @@ Status Qp::validate_send_wr(const SendWr& wr) const {
 }
 
 Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
+  const Status st = queue_send(wrs, n, bad);
+  if (TransportHooks* h = dev_->hooks()) h->on_app_post();
+  return st;
+}
+
+Status Qp::queue_send(const SendWr* wrs, int n, int* bad) {
   std::lock_guard lk(send_mu_);
   const QpState st = state();
   int i = 0;
@@ -633,6 +639,12 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
 }
 
 Status Qp::post_recv(const RecvWr* wrs, int n, int* bad) {
+  const Status st = queue_recv(wrs, n, bad);
+  if (TransportHooks* h = dev_->hooks()) h->on_app_post();
+  return st;
+}
+
+Status Qp::queue_recv(const RecvWr* wrs, int n, int* bad) {
   std::lock_guard lk(recv_mu_);
   const QpState st = state();
   // XRC QPs have no receive queue: the initiator receives nothing, the target's SRQs are

@@ -132,11 +132,12 @@ class Qp : public std::enable_shared_from_this<Qp> {
   //   ENOMEM  send queue full.
   // In SQE/ERR state WRs are queued and immediately flushed (WR_FLUSH_ERR CQEs).
   // Takes the send lock; calls hooks->on_post_send(*this) with it held if anything was
-  // queued in RTS/SQD.
+  // queued in RTS/SQD; then, with no lock held, hooks->on_app_post().
   Status post_send(const SendWr* wrs, int n, int* bad);
   // ibv_post_recv. EINVAL: QP in RESET, QP uses an SRQ, num_sge > max_recv_sge. ENOMEM:
   // receive queue full. In ERR state WRs are queued and flushed at once. Takes the receive
-  // lock; calls hooks->on_post_recv(*this) with it held.
+  // lock; calls hooks->on_post_recv(*this) with it held; then, with no lock held,
+  // hooks->on_app_post().
   Status post_recv(const RecvWr* wrs, int n, int* bad);
 
   // Queues for the transports. REQUIRES: sq(): send lock; rq(): receive lock.
@@ -179,6 +180,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void* user_context = nullptr;  // free for the shim (its ibv_qp wrapper)
 
  private:
+  Status queue_send(const SendWr* wrs, int n, int* bad);  // post_send under the send lock
+  Status queue_recv(const RecvWr* wrs, int n, int* bad);  // post_recv under the receive lock
   friend class Device;
   // Pure check of a modify: valid transition, mask ⊆ required|optional|kQpState with every
   // required bit, and every supplied value in range (port 1, pkey index 0, MTU enum <=

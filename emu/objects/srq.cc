@@ -45,8 +45,9 @@ Status Srq::post_recv(const RecvWr* wrs, int n, int* bad) {
     st = push_recv_wrs(ring_, wrs, n, attr_.max_sge, &i);
   }
   if (bad != nullptr) *bad = i;
-  if (i > 0) {
-    if (TransportHooks* h = dev_->hooks()) h->on_post_srq_recv(*this);
+  if (TransportHooks* h = dev_->hooks()) {
+    if (i > 0) h->on_post_srq_recv(*this);
+    h->on_app_post();
   }
   return st;
 }

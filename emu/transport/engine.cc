@@ -1155,35 +1155,69 @@ void Engine::on_poll_empty(Cq& cq) {
     // timerfd_settime due before the next tick cost 7 us here (a VM: the APIC timer is
     // reprogrammed), one due after it 0.3 us; so the lease is long and renewed rarely
     // (docs/progress.md). An application that polls slower keeps the progress thread.
-    const uint64_t prev = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
+    // The gap is measured from the application's last call while its polls held receive:
+    // an empty poll, or a post (on_app_post).
+    const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
+    last_app_rx_ns_.store(now, std::memory_order_relaxed);
     // (Signed: another thread's later stamp may be in `prev`.)
     if (static_cast<int64_t>(now - prev) > static_cast<int64_t>(cfg_.busy_poll_gap_ns)) {
       hand_back_rx(false);
     } else {
-      // Taken (again: a drain handed it back), or held: the lease is renewed only when half
-      // of it is gone.
+      // Taken (again: a drain handed it back), or held.
       if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false)) {
         ctr_.add(Ctr::kBusyPollTaken);
         park_timerfd();
       }
-      const uint64_t lease = lease_ns();
-      if (lease_end_ns_.load(std::memory_order_relaxed) < now + lease / 2) {
-        lease_end_ns_.store(now + lease, std::memory_order_release);
-        arm_defer(now + lease);
-      }
+      renew_lease(now);
       owned = true;
     }
   }
+  receive_for_app(owned, now);
+}
+
+void Engine::renew_lease(uint64_t now_ns) {
+  // Only when half of it is gone: each renewal is a timerfd_settime (arm_defer).
+  const uint64_t lease = lease_ns();
+  if (lease_end_ns_.load(std::memory_order_relaxed) < now_ns + lease / 2) {
+    lease_end_ns_.store(now_ns + lease, std::memory_order_release);
+    arm_defer(now_ns + lease);
+  }
+}
+
+void Engine::receive_for_app(bool owned, uint64_t now_ns) {
   try_poll_rx(64);
   // The timers are parked while the polls hold receive (arm_locked): run what fell due.
-  if (owned && armed_ns_.load(std::memory_order_acquire) <= now &&
+  if (owned && armed_ns_.load(std::memory_order_acquire) <= now_ns &&
       !rx_watched_.load(std::memory_order_acquire)) {
     std::unique_lock lk(run_timers_mu_, std::try_to_lock);
     if (lk.owns_lock()) {
       ctr_.add(Ctr::kTimersOnPoll);
-      run_timers_locked(now);
+      run_timers_locked(now_ns);
     }
   }
+}
+
+void Engine::on_app_post() {
+  // A post while the application's polls hold receive (the busy-poll lease): the
+  // application is in the library, not away, so the gap to its next empty poll is measured
+  // from here and the lease is renewed as by a poll. Without this, ib_send_bw's posts
+  // (requester runs of megabytes, completions in between) outlasted the 50 us gap between
+  // two empty polls several hundred times a second: each handed receive back, the progress
+  // thread woke and drained the ACKs and ran their deferred requesters on a core the
+  // application wanted while the application spun on an empty CQ, and the next empty poll
+  // took receive again (two epoll_ctl). Posts that come for longer than the gap without an
+  // empty poll receive themselves, as the poll would, so an application that posts often
+  // and polls rarely does not hold the peer's ACKs until its next poll.
+  // Only receive the polls hold counts: a post never takes it from the progress thread.
+  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire)) return;
+  const uint64_t now = wire::monotonic_ns();
+  last_app_call_ns_.store(now, std::memory_order_relaxed);
+  renew_lease(now);
+  const uint64_t last_rx = last_app_rx_ns_.load(std::memory_order_relaxed);
+  if (static_cast<int64_t>(now - last_rx) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns)) return;
+  last_app_rx_ns_.store(now, std::memory_order_relaxed);
+  ctr_.add(Ctr::kRxOnPost);
+  receive_for_app(true, now);
 }
 
 void Engine::on_poll_hit(Cq& cq) {

@@ -367,6 +367,7 @@ class Engine final : public TransportHooks {
   void on_modify(Qp& qp, QpState from, QpState to) override;
   void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
+  void on_app_post() override;
   void on_poll_empty(Cq& cq) override;
   void on_poll_hit(Cq& cq) override;
   // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
@@ -429,6 +430,11 @@ class Engine final : public TransportHooks {
     return std::max<uint64_t>(cfg_.busy_poll_ns, 2 * uint64_t{cfg_.busy_poll_gap_ns});
   }
   void arm_defer(uint64_t deadline_ns);
+  // The polls' lease runs until now + lease_ns() (renewed once half of it is gone).
+  void renew_lease(uint64_t now_ns);
+  // What an empty poll does for the application: receive (try-lock), and, when its polls
+  // hold receive (`owned`), the timers that fell due while they are parked.
+  void receive_for_app(bool owned, uint64_t now_ns);
   void spin_rx();
   bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)
   static constexpr uint64_t kSpareCoreCheckNs = 10'000'000;
@@ -496,7 +502,11 @@ class Engine final : public TransportHooks {
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
-  std::atomic<uint64_t> last_empty_poll_ns_{0};
+  // The application's last call while its polls hold receive: an empty poll, or a post
+  // (on_app_post); the busy-poll gap is measured from it.
+  std::atomic<uint64_t> last_app_call_ns_{0};
+  // The last receive done by an application's empty poll, or by a post (on_app_post).
+  std::atomic<uint64_t> last_app_rx_ns_{0};
   // run_timers runs on one thread at a time: the progress thread's (blocking), a polling
   // application's while it holds receive (try_lock: on_poll_empty).
   std::mutex run_timers_mu_;

@@ -619,6 +619,69 @@ TEST(BusyPollTest, SparsePollsLeaveReceiveWithTheProgressThread) {
   EXPECT_TRUE(s.write_arrives(9));
 }
 
+// Posts are the application in the library, not away (Engine::on_app_post): posts 2 ms apart
+// for 100 ms, with no poll, keep the receive that a's polls took (gap 20 ms here), and the
+// next empty poll finds the gap measured from the last post, not from the last poll: nothing
+// is handed back. Before, ib_send_bw's posts between two empty polls handed receive back
+// several hundred times a second.
+TEST(BusyPollTest, PostsBetweenPollsKeepReceive) {
+  HandOffScene s(4'000'000'000u, 20'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  const uint64_t returned = s.ctr(Ctr::kBusyPollReturned);
+  std::vector<uint32_t> rbuf(1);
+  auto mr = s.p.a.mr(rbuf.data(), 4);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(post_recv(s.qa, static_cast<uint64_t>(i), {sge(rbuf.data(), 4, mr)}).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  Cqe c;
+  EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), returned) << "the poll after the posts handed receive back";
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// Posts that come without an empty poll for longer than the gap receive themselves (as the
+// poll would): b's WRITE lands while a only posts, every 1 ms, its polls holding receive on a
+// 4 s lease with a 5 ms gap. Without it the WRITE would sit in the socket until the lease ran
+// out (an application that posts often and polls rarely would hold the peer's ACKs).
+TEST(BusyPollTest, PostsReceiveWhenThePollsStop) {
+  HandOffScene s(4'000'000'000u, 5'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  const uint64_t on_post = s.ctr(Ctr::kRxOnPost);
+  std::vector<uint32_t> rbuf(1);
+  auto mr = s.p.a.mr(rbuf.data(), 4);
+  s.out = 13;
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 13, {sge(&s.out, 4, s.mout)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.in);
+  w.rdma.rkey = s.min->rkey();
+  ASSERT_TRUE(post(s.qb, w).is_ok());
+  for (int i = 0; i < 200 && peek_dma(&s.in) != 13u; ++i) {
+    ASSERT_TRUE(post_recv(s.qa, static_cast<uint64_t>(i), {sge(rbuf.data(), 4, mr)}).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(peek_dma(&s.in), 13u);
+  EXPECT_GT(s.ctr(Ctr::kRxOnPost), on_post);
+  auto c = poll_n(*s.p.b.scq, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// A post never takes receive from the progress thread: only empty polls do.
+TEST(BusyPollTest, PostsDoNotTakeReceive) {
+  HandOffScene s(4'000'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  std::vector<uint32_t> rbuf(1);
+  auto mr = s.p.a.mr(rbuf.data(), 4);
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(post_recv(s.qa, static_cast<uint64_t>(i), {sge(rbuf.data(), 4, mr)}).is_ok());
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollTaken), 0u);
+  EXPECT_EQ(s.ctr(Ctr::kRxOnPost), 0u);
+  EXPECT_TRUE(s.write_arrives(14));
+}
+
 // Polls that stop without a word (the application computes, or waits on memory with nothing
 // of its own outstanding): the progress thread takes receive back when their lease (20 ms)
 // runs out, and the WRITE lands.
