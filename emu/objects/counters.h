@@ -105,9 +105,9 @@ enum class Ctr : uint8_t {
                         // atomic result, SEND or UD payload) that used a local check kept
                         // from earlier in the same receive batch (ScatterCache) instead of
                         // looking their key up
-  kRxOnPost,            // rx_on_post (ours): receives done by an application's post while its
-                        // polls held receive and had not polled for a busy-poll gap
-                        // (Engine::on_app_post)
+  kRxOnPost,            // rx_on_post (ours): receive looks (try-lock) done by an
+                        // application's post while its polls held receive, when no empty
+                        // poll or post had looked for a busy-poll gap (Engine::on_app_post)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

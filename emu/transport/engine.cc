@@ -799,7 +799,7 @@ void Engine::arm_locked(uint64_t deadline_ns) {
   if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
   armed_ns_.store(deadline_ns, std::memory_order_seq_cst);
   // Parked while an application's polls hold receive: they run what falls due
-  // (on_poll_empty); whoever hands receive back programs it (hand_back_rx,
+  // (on_poll_empty, on_app_post: receive_for_app); whoever hands receive back programs it (hand_back_rx,
   // program_parked_timer), or the progress thread does at the lease's end (run_timers).
   if (!rx_watched_.load(std::memory_order_seq_cst)) return;
   programmed_ns_ = deadline_ns;
@@ -1143,9 +1143,7 @@ void Engine::on_poll_empty(Cq& cq) {
   (void)cq;
   bool owned = false;
   uint64_t now = 0;
-  if (cfg_.busy_poll_ns != 0 && cfg_.progress_thread && port_->wait_fd() >= 0 &&
-      fault_.load(std::memory_order_relaxed) == nullptr &&
-      !stopping_.load(std::memory_order_relaxed)) {
+  if (busy_poll_allowed()) {
     now = wire::monotonic_ns();
     // The busy-poll hand-off. While the application polls empty CQs back to back (at most
     // busy_poll_gap_ns apart), its polls receive, run the timers, and hold the socket on a
@@ -1155,8 +1153,8 @@ void Engine::on_poll_empty(Cq& cq) {
     // timerfd_settime due before the next tick cost 7 us here (a VM: the APIC timer is
     // reprogrammed), one due after it 0.3 us; so the lease is long and renewed rarely
     // (docs/progress.md). An application that polls slower keeps the progress thread.
-    // The gap is measured from the application's last call while its polls held receive:
-    // an empty poll, or a post (on_app_post).
+    // The gap is measured from the application's last call: an empty poll, or a post while
+    // its polls held receive (on_app_post).
     const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
     last_app_rx_ns_.store(now, std::memory_order_relaxed);
     // (Signed: another thread's later stamp may be in `prev`.)
@@ -1200,7 +1198,7 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns) {
 void Engine::on_app_post() {
   // A post while the application's polls hold receive (the busy-poll lease): the
   // application is in the library, not away, so the gap to its next empty poll is measured
-  // from here and the lease is renewed as by a poll. Without this, ib_send_bw's posts
+  // from here. Without this, ib_send_bw's posts
   // (requester runs of megabytes, completions in between) outlasted the 50 us gap between
   // two empty polls several hundred times a second: each handed receive back, the progress
   // thread woke and drained the ACKs and ran their deferred requesters on a core the
@@ -1209,10 +1207,17 @@ void Engine::on_app_post() {
   // empty poll receive themselves, as the poll would, so an application that posts often
   // and polls rarely does not hold the peer's ACKs until its next poll.
   // Only receive the polls hold counts: a post never takes it from the progress thread.
-  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire)) return;
+  // A post renews the lease only when it came within the gap of the application's last call
+  // (back to back, as polls must be): ib_send_bw posts for milliseconds between empty polls,
+  // and its lease ran out ~25 times a second. Posts further apart let it run out, so an
+  // application that posts now and then and waits on memory gets the progress thread back
+  // busy_poll_ns after its last empty poll, as before.
+  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
+    return;
   const uint64_t now = wire::monotonic_ns();
-  last_app_call_ns_.store(now, std::memory_order_relaxed);
-  renew_lease(now);
+  const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
+  if (static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns))
+    renew_lease(now);
   const uint64_t last_rx = last_app_rx_ns_.load(std::memory_order_relaxed);
   if (static_cast<int64_t>(now - last_rx) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns)) return;
   last_app_rx_ns_.store(now, std::memory_order_relaxed);

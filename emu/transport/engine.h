@@ -25,6 +25,7 @@
 //    interrupted by a progress-thread wake per packet. When no poll happened for
 //    busy_poll_ns at a re-check the progress thread watches the socket again and drains it;
 //    while the polls go on, each re-check comes twice as late as the last (at most 100 us).
+//    A post while the polls hold receive counts as a poll for the gap (on_app_post).
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
 //    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin),
 //    if the machine's runnable threads leave a CPU spare (spare_core).
@@ -88,7 +89,10 @@ struct EngineConfig {
   // back to the progress thread (hand_back_rx) when a poll returns a completion that left its
   // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
-  // come further apart, and at the latest when the lease runs out. 0 = the progress thread
+  // come further apart, and at the latest when the lease runs out. A post counts as a poll
+  // for the gap (the application is in the library), renews the lease when it came within the
+  // gap of the last call, and, after a gap without a receive, receives as a poll would; it
+  // never takes receive (on_app_post). 0 = the progress thread
   // always receives (the default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
   // Empty polls further apart than this are not a busy poll: receive stays with (or goes back
@@ -426,6 +430,13 @@ class Engine final : public TransportHooks {
   bool watch_rx(bool on);  // false: epoll_ctl failed (logged)
   // The polls' lease: busy_poll_ns, at least two poll gaps (a shorter one would run out
   // between polls that still count as back to back).
+  // The busy-poll hand-off may run: configured, a progress thread to hand back to, no fault
+  // engine (capture and faults keep receive with the progress thread), not stopping.
+  bool busy_poll_allowed() const {
+    return cfg_.busy_poll_ns != 0 && cfg_.progress_thread && port_->wait_fd() >= 0 &&
+           fault_.load(std::memory_order_relaxed) == nullptr &&
+           !stopping_.load(std::memory_order_relaxed);
+  }
   uint64_t lease_ns() const {
     return std::max<uint64_t>(cfg_.busy_poll_ns, 2 * uint64_t{cfg_.busy_poll_gap_ns});
   }
@@ -502,13 +513,13 @@ class Engine final : public TransportHooks {
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
-  // The application's last call while its polls hold receive: an empty poll, or a post
+  // The application's last call: an empty poll, or a post while its polls hold receive
   // (on_app_post); the busy-poll gap is measured from it.
   std::atomic<uint64_t> last_app_call_ns_{0};
   // The last receive done by an application's empty poll, or by a post (on_app_post).
   std::atomic<uint64_t> last_app_rx_ns_{0};
   // run_timers runs on one thread at a time: the progress thread's (blocking), a polling
-  // application's while it holds receive (try_lock: on_poll_empty).
+  // application's while it holds receive (try_lock: on_poll_empty, on_app_post).
   std::mutex run_timers_mu_;
   void run_timers_locked(uint64_t now_ns);  // REQUIRES: run_timers_mu_
   // The progress thread watches the socket again, now (an application thread left the data

@@ -621,9 +621,9 @@ TEST(BusyPollTest, SparsePollsLeaveReceiveWithTheProgressThread) {
 
 // Posts are the application in the library, not away (Engine::on_app_post): posts 2 ms apart
 // for 100 ms, with no poll, keep the receive that a's polls took (gap 20 ms here), and the
-// next empty poll finds the gap measured from the last post, not from the last poll: nothing
-// is handed back. Before, ib_send_bw's posts between two empty polls handed receive back
-// several hundred times a second.
+// next empty poll, just after the last post, finds the gap measured from that post, not from
+// the last poll: nothing is handed back. Before, ib_send_bw's posts between two empty polls
+// handed receive back several hundred times a second.
 TEST(BusyPollTest, PostsBetweenPollsKeepReceive) {
   HandOffScene s(4'000'000'000u, 20'000'000u);
   ASSERT_TRUE(s.qa && s.qb);
@@ -632,8 +632,8 @@ TEST(BusyPollTest, PostsBetweenPollsKeepReceive) {
   std::vector<uint32_t> rbuf(1);
   auto mr = s.p.a.mr(rbuf.data(), 4);
   for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(post_recv(s.qa, static_cast<uint64_t>(i), {sge(rbuf.data(), 4, mr)}).is_ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_TRUE(post_recv(s.qa, static_cast<uint64_t>(i), {sge(rbuf.data(), 4, mr)}).is_ok());
   }
   Cqe c;
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
@@ -667,6 +667,33 @@ TEST(BusyPollTest, PostsReceiveWhenThePollsStop) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// Posts back to back (0.5 ms apart, within the 5 ms gap) renew the polls' lease (20 ms here)
+// as polls would: 60 ms of them and it has not run out. Posts further apart (10 ms) do not:
+// an application that posts now and then and waits on memory gets the progress thread back
+// when the lease runs out, and the WRITE lands through it.
+TEST(BusyPollTest, OnlyPostsBackToBackRenewTheLease) {
+  HandOffScene s(20'000'000u, 5'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  std::vector<uint32_t> rbuf(1);
+  auto mr = s.p.a.mr(rbuf.data(), 4);
+  uint64_t id = 0;
+  auto repost = [&] { return post_recv(s.qa, id++, {sge(rbuf.data(), 4, mr)}).is_ok(); };
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(repost());
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u) << "back-to-back posts let the lease run out";
+  // (At most 120 + 100 receives: the queue holds 256.)
+  for (int i = 0; i < 100 && s.ctr(Ctr::kBusyPollLeaseEnded) == 0; ++i) {
+    ASSERT_TRUE(repost());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u);
+  EXPECT_TRUE(s.write_arrives(15));  // received by the progress thread
 }
 
 // A post never takes receive from the progress thread: only empty polls do.
