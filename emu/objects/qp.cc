@@ -550,7 +550,16 @@ Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
 }
 
 Status Qp::queue_send(const SendWr* wrs, int n, int* bad) {
-  std::lock_guard lk(send_mu_);
+  // Held by another thread: usually a requester run that an ACK released (doorbell
+  // batching leaves up to defer_max WQEs for it, megabytes at 64 KiB). It stops at its next
+  // message boundary once it sees a post waiting (post_waiting), so a poster waits for one
+  // message, not the whole run.
+  std::unique_lock lk(send_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    post_waiters_.fetch_add(1, std::memory_order_relaxed);
+    lk.lock();
+    post_waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
   const QpState st = state();
   int i = 0;
   Status result;

@@ -170,6 +170,10 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void flush_rq_locked();
 
   std::mutex& send_mutex() const { return send_mu_; }
+  // A post_send is waiting for the send lock (another thread holds it). A requester run that
+  // holds it lets the post in at the next message boundary where an ACK is certain to run
+  // the requester again (req_run).
+  bool post_waiting() const { return post_waiters_.load(std::memory_order_relaxed) != 0; }
   std::mutex& recv_mutex() const { return recv_mu_; }
 
   // Per-QP transport state (see transport_state.h). req_/comp_: send lock; resp_: receive.
@@ -208,6 +212,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   QpAttr attr_;
   Av av_;
   mutable std::mutex send_mu_, recv_mu_;
+  std::atomic<uint32_t> post_waiters_{0};  // post_send calls waiting for send_mu_
   Ring<SendWqe> sq_;
   Ring<RecvWqe> rq_;
   std::vector<Sge> sq_sge_store_, rq_sge_store_;

@@ -615,6 +615,12 @@ int Engine::drain_locked(int budget) {
     // duplicated one): those do not make the socket readable, so the next look is theirs.
     if (n < kRxBatch && linger_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0)
       break;
+    // An application's polls took receive from us meanwhile (on_poll_empty): what is left is
+    // theirs, and each batch more here is one their try-lock misses (while their requester
+    // runs would wait on ours). READ replays and held packets stay ours to finish.
+    if (t_progress_thread && !rx_watched_.load(std::memory_order_relaxed) &&
+        replay_qps_.empty() && port_->held_count() == 0)
+      break;
   }
   flush_acks_locked(&now_cache);
   flush(*rx_tx_);

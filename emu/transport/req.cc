@@ -668,6 +668,11 @@ void req_run(Engine& e, Qp& qp) {
     if (!emit_packet(x, w, k)) break;
     advance(x, w, k);
     if (k.last) x.gc.reset();
+    // A post waits for the send lock (Qp::post_waiting): let it in at this message boundary.
+    // Only on RC/XRC, where the message's last packet asked for an ACK and the retransmit
+    // timer is armed by send_batch below: the ACK (or the timer) runs the requester again
+    // for what is left, as for a post that doorbell batching deferred.
+    if (k.last && x.rc && qp.post_waiting()) break;
   }
   x.gc.reset();
   place_held_ack(x);

@@ -7,11 +7,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "emu/fault/fault.h"
 #include "emu/objects/memory.h"
@@ -648,6 +650,69 @@ TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
   std::remove(path);
   EXPECT_NE(ss.str().find("drop"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find("qpn=0x"), std::string::npos) << ss.str();
+}
+
+// A post that waits for the send lock gets in at the holder's next message boundary
+// (Qp::post_waiting): one post of four 4 KiB WRITEs (4 packets each at MTU 1024) is in its
+// requester run when, reading WQE 1's second packet, another thread posts a fifth and waits.
+// The run stops after WQE 1's last packet; the poster appends and its own run sends WQEs 2-5.
+// Every WRITE lands whole and completes in order. Without the stop the first run sends all
+// sixteen of its packets before the poster gets the lock.
+TEST_F(Hardening, PostWaitingForTheSendLockGetsInAtTheNextMessage) {
+  constexpr uint32_t kLen = 4096;
+  std::vector<std::thread::id> senders;  // the thread that sent each request packet, in order
+  cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
+    if (d == wire::Direction::kTx && is_request(r)) senders.push_back(std::this_thread::get_id());
+    return wire::Verdict::kPass;
+  };
+  // Five WRITEs: WQE k copies lbuf's k-th 4 KiB to tbuf's.
+  std::vector<Sge> sg(5);
+  std::vector<SendWr> wrs(5);
+  for (uint32_t i = 0; i < 5; ++i) {
+    sg[i] = sge(lbuf.data() + i * kLen, kLen, ml);
+    wrs[i].wr_id = i + 1;
+    wrs[i].opcode = WrOpcode::kRdmaWrite;
+    wrs[i].sg_list = &sg[i];
+    wrs[i].num_sge = 1;
+    wrs[i].send_flags = kSendSignaled;
+    wrs[i].rdma.remote_addr = reinterpret_cast<uint64_t>(tbuf.data() + i * kLen);
+    wrs[i].rdma.rkey = mt->rkey();
+  }
+  std::thread poster;
+  std::thread::id poster_id;
+  Status posted5 = Errc::kInval;
+  auto hm = std::make_shared<HookedMem>();
+  const MrView v = ml->view();
+  hm->lo = v.dev_addr + (reinterpret_cast<uint64_t>(lbuf.data()) - v.host_addr);
+  hm->hi = hm->lo + lbuf.n;
+  hm->fire_read = 2;  // WQE 1's second packet
+  hm->hook = [&] {
+    poster = std::thread([&] { posted5 = post(qc, wrs[4]); });
+    poster_id = poster.get_id();
+    // It waits for our send lock (bounded: a missing count fails the checks below instead).
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!qc->post_waiting() && std::chrono::steady_clock::now() < end)
+      std::this_thread::yield();
+  };
+  c.dev->set_mem(hm);
+  int bad = -1;
+  ASSERT_TRUE(qc->post_send(wrs.data(), 4, &bad).is_ok());
+  ASSERT_TRUE(poster.joinable()) << "the hook never ran";
+  poster.join();
+  ASSERT_TRUE(posted5.is_ok());
+  run();
+  // Packets 1-4 (WQE 1) from this thread, 5-20 (WQEs 2-5) from the poster's run.
+  ASSERT_EQ(senders.size(), 20u);
+  for (size_t i = 0; i < senders.size(); ++i)
+    EXPECT_EQ(senders[i], i < 4 ? std::this_thread::get_id() : poster_id) << "request packet " << i + 1;
+  auto wcs = drain_cq(*c.scq);
+  ASSERT_EQ(wcs.size(), 5u);
+  for (size_t i = 0; i < wcs.size(); ++i) {
+    EXPECT_EQ(wcs[i].wr_id, i + 1);
+    EXPECT_EQ(wcs[i].status, WcStatus::kSuccess);
+  }
+  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 5 * kLen));
+  EXPECT_FALSE(qc->post_waiting());
 }
 
 TEST(FaultTraceNoPlan, NothingSetMeansNoEngine) {
