@@ -373,6 +373,8 @@ void Engine::spin_rx() {
   uint64_t last = wire::monotonic_ns();
   while (!stopping_.load(std::memory_order_acquire)) {
     if (fault_.load(std::memory_order_acquire) != nullptr || port_->held_count() != 0) return;
+    // An application's polls took receive (on_poll_empty): spinning would take it back.
+    if (!rx_watched_.load(std::memory_order_relaxed)) return;
     const int n = try_poll_rx(256);
     const uint64_t now = wire::monotonic_ns();
     if (n > 0) {
@@ -618,8 +620,11 @@ int Engine::drain_locked(int budget) {
     // An application's polls took receive from us meanwhile (on_poll_empty): what is left is
     // theirs, and each batch more here is one their try-lock misses (while their requester
     // runs would wait on ours). READ replays and held packets stay ours to finish.
+    // Only while their lease runs: when the socket could not go back into the epoll set
+    // (watch_rx failed), the progress thread receives alone at each lease end.
     if (t_progress_thread && !rx_watched_.load(std::memory_order_relaxed) &&
-        replay_qps_.empty() && port_->held_count() == 0)
+        replay_qps_.empty() && port_->held_count() == 0 &&
+        wire::monotonic_ns() < lease_end_ns_.load(std::memory_order_relaxed))
       break;
   }
   flush_acks_locked(&now_cache);

@@ -669,10 +669,11 @@ void req_run(Engine& e, Qp& qp) {
     advance(x, w, k);
     if (k.last) x.gc.reset();
     // A post waits for the send lock (Qp::post_waiting): let it in at this message boundary.
-    // Only on RC/XRC, where the message's last packet asked for an ACK and the retransmit
-    // timer is armed by send_batch below: the ACK (or the timer) runs the requester again
-    // for what is left, as for a post that doorbell batching deferred.
-    if (k.last && x.rc && qp.post_waiting()) break;
+    // Only on RC/XRC with a retransmit timer (timeout != 0), where the message's last packet
+    // asked for an ACK and send_batch below arms the timer: the ACK (or the timer) runs the
+    // requester again for what is left, as for a post that doorbell batching deferred.
+    // Without the timer a lost last packet or ACK would leave the rest unsent for good.
+    if (k.last && x.rc && x.c.timeout_ns != 0 && qp.post_waiting()) break;
   }
   x.gc.reset();
   place_held_ack(x);

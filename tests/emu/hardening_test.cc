@@ -696,9 +696,10 @@ TEST_F(Hardening, PostWaitingForTheSendLockGetsInAtTheNextMessage) {
   };
   c.dev->set_mem(hm);
   int bad = -1;
-  ASSERT_TRUE(qc->post_send(wrs.data(), 4, &bad).is_ok());
+  const Status posted4 = qc->post_send(wrs.data(), 4, &bad);
   ASSERT_TRUE(poster.joinable()) << "the hook never ran";
-  poster.join();
+  poster.join();  // before any ASSERT can leave it joinable
+  ASSERT_TRUE(posted4.is_ok());
   ASSERT_TRUE(posted5.is_ok());
   run();
   // Packets 1-4 (WQE 1) from this thread, 5-20 (WQEs 2-5) from the poster's run.
