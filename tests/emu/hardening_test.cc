@@ -652,19 +652,47 @@ TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
   EXPECT_NE(ss.str().find("qpn=0x"), std::string::npos) << ss.str();
 }
 
-// A post that waits for the send lock gets in at the holder's next message boundary
-// (Qp::post_waiting): one post of four 4 KiB WRITEs (4 packets each at MTU 1024) is in its
-// requester run when, reading WQE 1's second packet, another thread posts a fifth and waits.
-// The run stops after WQE 1's last packet; the poster appends and its own run sends WQEs 2-5.
-// Every WRITE lands whole and completes in order. Without the stop the first run sends all
-// sixteen of its packets before the poster gets the lock.
-TEST_F(Hardening, PostWaitingForTheSendLockGetsInAtTheNextMessage) {
+// The post-waiting scene (Qp::post_waiting): C's post of four 4 KiB WRITEs (4 packets each
+// at MTU 1024) is in its requester run when, reading WQE 1's second packet, another thread
+// posts a fifth and waits for the send lock. Then both engines run to quiescence (ACKs, and
+// the requester runs they release). What it returns: which thread sent each request packet,
+// the fifth post's status, C's send completions, whether every completed WRITE landed whole,
+// and C's deferred posts (tx_deferred).
+struct PostWaitResult {
+  std::vector<char> sender;  // per request packet: 'p' the poster's thread, 'm' this one
+  Status posted4 = Errc::kInval, posted5 = Errc::kInval;
+  std::vector<Cqe> wcs;
+  bool landed = false;
+  uint64_t deferred = 0;
+};
+
+PostWaitResult post_wait_scene(const EngineConfig& ec, uint8_t timeout, uint32_t sq_depth) {
   constexpr uint32_t kLen = 4096;
-  std::vector<std::thread::id> senders;  // the thread that sent each request packet, in order
+  PostWaitResult res;
+  wire::MemNetwork net;
+  Node c = Node::on_mem(net, "127.0.0.2", false, ErrorsMode::kSpec, 0, ec);
+  Node s = Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, ec);
+  GuardedBuf lbuf{64 * 1024}, tbuf{64 * 1024};
+  lbuf.pattern(1);
+  tbuf.pattern(2);
+  auto ml = c.mr(lbuf.data(), lbuf.n);
+  auto mt = s.mr(tbuf.data(), tbuf.n);
+  FnFilter cf;
+  std::thread::id poster_id;
+  std::mutex ids_mu;  // poster_id is set by the hook while the poster may already send
   cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
-    if (d == wire::Direction::kTx && is_request(r)) senders.push_back(std::this_thread::get_id());
+    if (d == wire::Direction::kTx && is_request(r)) {
+      std::lock_guard lk(ids_mu);
+      res.sender.push_back(std::this_thread::get_id() == poster_id ? 'p' : 'm');
+    }
     return wire::Verdict::kPass;
   };
+  c.eng->port().set_filter(&cf);
+  auto qc = c.qp(QpType::kRc, nullptr, sq_depth);
+  auto qs = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.timeout = timeout;
+  connect_pair(c, qc, s, qs, o);  // MTU 1024
   // Five WRITEs: WQE k copies lbuf's k-th 4 KiB to tbuf's.
   std::vector<Sge> sg(5);
   std::vector<SendWr> wrs(5);
@@ -679,41 +707,95 @@ TEST_F(Hardening, PostWaitingForTheSendLockGetsInAtTheNextMessage) {
     wrs[i].rdma.rkey = mt->rkey();
   }
   std::thread poster;
-  std::thread::id poster_id;
-  Status posted5 = Errc::kInval;
   auto hm = std::make_shared<HookedMem>();
   const MrView v = ml->view();
   hm->lo = v.dev_addr + (reinterpret_cast<uint64_t>(lbuf.data()) - v.host_addr);
   hm->hi = hm->lo + lbuf.n;
   hm->fire_read = 2;  // WQE 1's second packet
   hm->hook = [&] {
-    poster = std::thread([&] { posted5 = post(qc, wrs[4]); });
+    std::lock_guard lk(ids_mu);
+    poster = std::thread([&] { res.posted5 = post(qc, wrs[4]); });
     poster_id = poster.get_id();
-    // It waits for our send lock (bounded: a missing count fails the checks below instead).
+    // It waits for our send lock (bounded: a missing count fails the checks instead).
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (!qc->post_waiting() && std::chrono::steady_clock::now() < end)
       std::this_thread::yield();
   };
   c.dev->set_mem(hm);
   int bad = -1;
-  const Status posted4 = qc->post_send(wrs.data(), 4, &bad);
-  ASSERT_TRUE(poster.joinable()) << "the hook never ran";
-  poster.join();  // before any ASSERT can leave it joinable
-  ASSERT_TRUE(posted4.is_ok());
-  ASSERT_TRUE(posted5.is_ok());
-  run();
-  // Packets 1-4 (WQE 1) from this thread, 5-20 (WQEs 2-5) from the poster's run.
-  ASSERT_EQ(senders.size(), 20u);
-  for (size_t i = 0; i < senders.size(); ++i)
-    EXPECT_EQ(senders[i], i < 4 ? std::this_thread::get_id() : poster_id) << "request packet " << i + 1;
-  auto wcs = drain_cq(*c.scq);
-  ASSERT_EQ(wcs.size(), 5u);
-  for (size_t i = 0; i < wcs.size(); ++i) {
+  res.posted4 = qc->post_send(wrs.data(), 4, &bad);
+  if (poster.joinable()) poster.join();
+  for (int i = 0; i < 100000; ++i) {
+    int moved = c.eng->port().release_held() + s.eng->port().release_held();
+    moved += c.eng->poll_rx() + s.eng->poll_rx();
+    if (moved == 0) break;
+  }
+  res.wcs = drain_cq(*c.scq);
+  res.landed = std::memcmp(tbuf.data(), lbuf.data(), res.wcs.size() * kLen) == 0;
+  res.deferred = c.eng->counters().get(Ctr::kTxDeferred);
+  EXPECT_FALSE(qc->post_waiting());
+  c.eng->port().set_filter(nullptr);
+  return res;
+}
+
+// Each WQE completes in order, successfully.
+void expect_in_order(const std::vector<Cqe>& wcs, size_t n) {
+  ASSERT_EQ(wcs.size(), n);
+  for (size_t i = 0; i < n; ++i) {
     EXPECT_EQ(wcs[i].wr_id, i + 1);
     EXPECT_EQ(wcs[i].status, WcStatus::kSuccess);
   }
-  EXPECT_EQ(0, std::memcmp(tbuf.data(), lbuf.data(), 5 * kLen));
-  EXPECT_FALSE(qc->post_waiting());
+}
+
+// A post that waits for the send lock gets in at the holder's next message boundary: the
+// run stops after WQE 1's last packet (it asked for an ACK, and the retransmit timer is
+// armed); the poster appends and its own run sends WQEs 2-5. Every WRITE lands whole and
+// completes in order. Without the stop the first run sends all sixteen of its packets
+// before the poster gets the lock.
+TEST(PostWaiting, GetsInAtTheNextMessage) {
+  const PostWaitResult r = post_wait_scene(EngineConfig{}, 14, 256);
+  ASSERT_TRUE(r.posted4.is_ok());
+  ASSERT_TRUE(r.posted5.is_ok());
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(16, 'p'));
+  expect_in_order(r.wcs, 5);
+  EXPECT_TRUE(r.landed);
+}
+
+// With an ACK timeout of 0 there is no retransmit timer: a stop whose last packet or ACK was
+// lost would leave the rest unsent for good, so the run does not stop for a waiting post.
+TEST(PostWaiting, NoStopWithoutARetransmitTimer) {
+  const PostWaitResult r = post_wait_scene(EngineConfig{}, 0, 256);
+  ASSERT_TRUE(r.posted4.is_ok());
+  ASSERT_TRUE(r.posted5.is_ok());
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(16, 'm') + std::string(4, 'p'));
+  expect_in_order(r.wcs, 5);
+  EXPECT_TRUE(r.landed);
+}
+
+// The waiting post fails (the send queue of 4 is full) and so runs no requester: the stopped
+// run's rest goes out when WQE 1's ACK comes (the completer runs the requester), and all four
+// complete.
+TEST(PostWaiting, APostThatFailsLeavesTheRestToTheAck) {
+  const PostWaitResult r = post_wait_scene(EngineConfig{}, 14, 4);
+  ASSERT_TRUE(r.posted4.is_ok());
+  EXPECT_EQ(r.posted5.code(), Errc::kNoMem);
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(16, 'm'));
+  expect_in_order(r.wcs, 4);
+  EXPECT_TRUE(r.landed);
+}
+
+// Doorbell batching (defer_inflight) defers the waiting post, WQE 1's packets being in
+// flight: its run sends nothing, and WQE 1's ACK runs the requester for WQEs 2-5.
+TEST(PostWaiting, ADeferredPostLeavesTheRestToTheAck) {
+  EngineConfig ec;
+  ec.defer_inflight = 1;
+  const PostWaitResult r = post_wait_scene(ec, 14, 256);
+  ASSERT_TRUE(r.posted4.is_ok());
+  ASSERT_TRUE(r.posted5.is_ok());
+  EXPECT_EQ(r.deferred, 1u);
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(20, 'm'));
+  expect_in_order(r.wcs, 5);
+  EXPECT_TRUE(r.landed);
 }
 
 TEST(FaultTraceNoPlan, NothingSetMeansNoEngine) {
