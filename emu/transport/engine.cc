@@ -617,14 +617,18 @@ int Engine::drain_locked(int budget) {
     // duplicated one): those do not make the socket readable, so the next look is theirs.
     if (n < kRxBatch && linger_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0)
       break;
-    // An application's polls took receive from us meanwhile (on_poll_empty): what is left is
-    // theirs, and each batch more here is one their try-lock misses (while their requester
-    // runs would wait on ours). READ replays and held packets stay ours to finish.
-    // Only while their lease runs: when the socket could not go back into the epoll set
-    // (watch_rx failed), the progress thread receives alone at each lease end.
+    // An application's polls took receive from us meanwhile (on_poll_empty) and go on (its
+    // last call came within the busy-poll gap): what is left is theirs, and each batch more
+    // here is one their try-lock misses (while their requester runs would wait on ours).
+    // READ replays and held packets stay ours to finish, and so does the rest of a drain in
+    // which a QP went idle (its end hands receive straight back). Not when the socket could
+    // not go back into the epoll set (watch_rx failed: receive is ours at each lease end,
+    // with no polls going on).
     if (t_progress_thread && !rx_watched_.load(std::memory_order_relaxed) &&
-        replay_qps_.empty() && port_->held_count() == 0 &&
-        wire::monotonic_ns() < lease_end_ns_.load(std::memory_order_relaxed))
+        idle_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0 &&
+        static_cast<int64_t>(wire::monotonic_ns() -
+                             last_app_call_ns_.load(std::memory_order_relaxed)) <=
+            static_cast<int64_t>(cfg_.busy_poll_gap_ns))
       break;
   }
   flush_acks_locked(&now_cache);

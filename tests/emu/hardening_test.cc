@@ -655,11 +655,13 @@ TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
 // The post-waiting scene (Qp::post_waiting): C's post of four 4 KiB WRITEs (4 packets each
 // at MTU 1024) is in its requester run when, reading WQE 1's second packet, another thread
 // posts a fifth and waits for the send lock. Then both engines run to quiescence (ACKs, and
-// the requester runs they release). What it returns: which thread sent each request packet,
-// the fifth post's status, C's send completions, whether every completed WRITE landed whole,
-// and C's deferred posts (tx_deferred).
+// the requester runs they release). What it returns: who sent each request packet, the
+// fifth post's status, C's send completions, whether every completed WRITE landed whole, and
+// C's deferred posts (tx_deferred).
 struct PostWaitResult {
-  std::vector<char> sender;  // per request packet: 'p' the poster's thread, 'm' this one
+  // Per request packet: 'm' this thread's post, 'p' the poster's, 'a' a requester run that
+  // an ACK released (this thread, running the engines after both posts returned).
+  std::vector<char> sender;
   Status posted4 = Errc::kInval, posted5 = Errc::kInval;
   std::vector<Cqe> wcs;
   bool landed = false;
@@ -680,10 +682,11 @@ PostWaitResult post_wait_scene(const EngineConfig& ec, uint8_t timeout, uint32_t
   FnFilter cf;
   std::thread::id poster_id;
   std::mutex ids_mu;  // poster_id is set by the hook while the poster may already send
+  bool pumping = false;  // under ids_mu
   cf.fn = [&](wire::Direction d, std::span<uint8_t> r) {
     if (d == wire::Direction::kTx && is_request(r)) {
       std::lock_guard lk(ids_mu);
-      res.sender.push_back(std::this_thread::get_id() == poster_id ? 'p' : 'm');
+      res.sender.push_back(std::this_thread::get_id() == poster_id ? 'p' : pumping ? 'a' : 'm');
     }
     return wire::Verdict::kPass;
   };
@@ -725,6 +728,10 @@ PostWaitResult post_wait_scene(const EngineConfig& ec, uint8_t timeout, uint32_t
   int bad = -1;
   res.posted4 = qc->post_send(wrs.data(), 4, &bad);
   if (poster.joinable()) poster.join();
+  {
+    std::lock_guard lk(ids_mu);
+    pumping = true;
+  }
   for (int i = 0; i < 100000; ++i) {
     int moved = c.eng->port().release_held() + s.eng->port().release_held();
     moved += c.eng->poll_rx() + s.eng->poll_rx();
@@ -779,7 +786,7 @@ TEST(PostWaiting, APostThatFailsLeavesTheRestToTheAck) {
   const PostWaitResult r = post_wait_scene(EngineConfig{}, 14, 4);
   ASSERT_TRUE(r.posted4.is_ok());
   EXPECT_EQ(r.posted5.code(), Errc::kNoMem);
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(16, 'm'));
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(12, 'a'));
   expect_in_order(r.wcs, 4);
   EXPECT_TRUE(r.landed);
 }
@@ -793,7 +800,7 @@ TEST(PostWaiting, ADeferredPostLeavesTheRestToTheAck) {
   ASSERT_TRUE(r.posted4.is_ok());
   ASSERT_TRUE(r.posted5.is_ok());
   EXPECT_EQ(r.deferred, 1u);
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(20, 'm'));
+  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(16, 'a'));
   expect_in_order(r.wcs, 5);
   EXPECT_TRUE(r.landed);
 }
