@@ -814,8 +814,9 @@ void Engine::arm_locked(uint64_t deadline_ns) {
   if (deadline_ns >= armed_ns_.load(std::memory_order_relaxed)) return;
   armed_ns_.store(deadline_ns, std::memory_order_seq_cst);
   // Parked while an application's polls hold receive: they run what falls due
-  // (on_poll_empty, on_app_post: receive_for_app); whoever hands receive back programs it (hand_back_rx,
-  // program_parked_timer), or the progress thread does at the lease's end (run_timers).
+  // (receive_for_app: on_poll_empty, on_app_post); whoever hands receive back programs it
+  // (hand_back_rx, program_parked_timer), or the progress thread does at the lease's end
+  // (run_timers).
   if (!rx_watched_.load(std::memory_order_seq_cst)) return;
   programmed_ns_ = deadline_ns;
   program_timerfd(timer_fd_, deadline_ns);
@@ -1213,20 +1214,20 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns) {
 void Engine::on_app_post() {
   // A post while the application's polls hold receive (the busy-poll lease): the
   // application is in the library, not away, so the gap to its next empty poll is measured
-  // from here. Without this, ib_send_bw's posts
-  // (requester runs of megabytes, completions in between) outlasted the 50 us gap between
-  // two empty polls several hundred times a second: each handed receive back, the progress
-  // thread woke and drained the ACKs and ran their deferred requesters on a core the
-  // application wanted while the application spun on an empty CQ, and the next empty poll
-  // took receive again (two epoll_ctl). Posts that come for longer than the gap without an
-  // empty poll receive themselves, as the poll would, so an application that posts often
-  // and polls rarely does not hold the peer's ACKs until its next poll.
-  // Only receive the polls hold counts: a post never takes it from the progress thread.
-  // A post renews the lease only when it came within the gap of the application's last call
-  // (back to back, as polls must be): ib_send_bw posts for milliseconds between empty polls,
-  // and its lease ran out ~25 times a second. Posts further apart let it run out, so an
-  // application that posts now and then and waits on memory gets the progress thread back
-  // busy_poll_ns after its last empty poll, as before.
+  // from here. Without this, ib_send_bw's posts (requester runs of megabytes, completions
+  // in between) outlasted the 50 us gap between two empty polls several hundred times a
+  // second: each handed receive back, the progress thread woke and drained the ACKs and ran
+  // their deferred requesters on a core the application wanted while the application spun
+  // on an empty CQ, and the next empty poll took receive again (two epoll_ctl).
+  // - Posts that come for longer than the gap without a receive of the application's
+  //   receive themselves, as an empty poll would, so an application that posts often and
+  //   polls rarely does not hold the peer's ACKs until its next poll.
+  // - Only receive the polls hold counts: a post never takes it from the progress thread.
+  // - A post renews the lease only when it came within the gap of the application's last
+  //   call (back to back, as polls must be): ib_send_bw posts for milliseconds between empty
+  //   polls, and its lease ran out ~25 times a second. Posts further apart let it run out,
+  //   so an application that posts now and then and waits on memory gets the progress
+  //   thread back busy_poll_ns after its last empty poll, as before.
   if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
     return;
   const uint64_t now = wire::monotonic_ns();

@@ -90,10 +90,10 @@ struct EngineConfig {
   // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
   // come further apart, and at the latest when the lease runs out. A post counts as a poll
-  // for the gap (the application is in the library), renews the lease when it came within the
-  // gap of the last call, and, after a gap without a receive, receives as a poll would; it
-  // never takes receive (on_app_post). 0 = the progress thread
-  // always receives (the default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
+  // for the gap (the application is in the library), renews the lease when it came within
+  // the gap of the last call, and, after a gap without a receive, receives as a poll would;
+  // it never takes receive (on_app_post). 0 = the progress thread always receives (the
+  // default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
   // Empty polls further apart than this are not a busy poll: receive stays with (or goes back
   // to) the progress thread; an application polling every millisecond would otherwise hold
@@ -428,8 +428,6 @@ class Engine final : public TransportHooks {
   void drain_fault_rx_locked();
   void drain_fault_tx();
   bool watch_rx(bool on);  // false: epoll_ctl failed (logged)
-  // The polls' lease: busy_poll_ns, at least two poll gaps (a shorter one would run out
-  // between polls that still count as back to back).
   // The busy-poll hand-off may run: configured, a progress thread to hand back to, no fault
   // engine (capture and faults keep receive with the progress thread), not stopping.
   bool busy_poll_allowed() const {
@@ -437,6 +435,8 @@ class Engine final : public TransportHooks {
            fault_.load(std::memory_order_relaxed) == nullptr &&
            !stopping_.load(std::memory_order_relaxed);
   }
+  // The polls' lease: busy_poll_ns, at least two poll gaps (a shorter one would run out
+  // between polls that still count as back to back).
   uint64_t lease_ns() const {
     return std::max<uint64_t>(cfg_.busy_poll_ns, 2 * uint64_t{cfg_.busy_poll_gap_ns});
   }
