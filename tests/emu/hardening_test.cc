@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "emu/fault/fault.h"
@@ -661,7 +662,7 @@ TEST(FaultTraceNoPlan, RuntimeRulesAreTraced) {
 struct PostWaitResult {
   // Per request packet: 'm' this thread's post, 'p' the poster's, 'a' a requester run that
   // an ACK released (this thread, running the engines after both posts returned).
-  std::vector<char> sender;
+  std::string sender;
   Status posted4 = Errc::kInval, posted5 = Errc::kInval;
   std::vector<Cqe> wcs;
   bool landed = false;
@@ -765,7 +766,7 @@ TEST(PostWaiting, GetsInAtTheNextMessage) {
   const PostWaitResult r = post_wait_scene(EngineConfig{}, 14, 256);
   ASSERT_TRUE(r.posted4.is_ok());
   ASSERT_TRUE(r.posted5.is_ok());
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(16, 'p'));
+  EXPECT_EQ(r.sender, std::string(4, 'm') + std::string(16, 'p'));
   expect_in_order(r.wcs, 5);
   EXPECT_TRUE(r.landed);
 }
@@ -778,7 +779,7 @@ TEST(PostWaiting, NoStopWithoutARetransmitTimer) {
   const PostWaitResult r = post_wait_scene(EngineConfig{}, 0, 256);
   ASSERT_TRUE(r.posted4.is_ok());
   ASSERT_TRUE(r.posted5.is_ok());
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(16, 'm') + std::string(4, 'p'));
+  EXPECT_EQ(r.sender, std::string(16, 'm') + std::string(4, 'p'));
   expect_in_order(r.wcs, 5);
   EXPECT_TRUE(r.landed);
 }
@@ -792,7 +793,7 @@ TEST(PostWaiting, APostThatFailsLeavesTheRestToTheAck) {
   const PostWaitResult r = post_wait_scene(EngineConfig{}, 14, 4);
   ASSERT_TRUE(r.posted4.is_ok());
   EXPECT_EQ(r.posted5.code(), Errc::kNoMem);
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(12, 'a'));
+  EXPECT_EQ(r.sender, std::string(4, 'm') + std::string(12, 'a'));
   expect_in_order(r.wcs, 4);
   EXPECT_TRUE(r.landed);
 }
@@ -808,7 +809,7 @@ TEST(PostWaiting, ADeferredPostLeavesTheRestToTheAck) {
   ASSERT_TRUE(r.posted4.is_ok());
   ASSERT_TRUE(r.posted5.is_ok());
   EXPECT_EQ(r.deferred, 1u);
-  EXPECT_EQ(std::string(r.sender.begin(), r.sender.end()), std::string(4, 'm') + std::string(16, 'a'));
+  EXPECT_EQ(r.sender, std::string(4, 'm') + std::string(16, 'a'));
   expect_in_order(r.wcs, 5);
   EXPECT_TRUE(r.landed);
 }
