@@ -58,25 +58,39 @@ if [ "$daemon" = 1 ]; then
   export SOFTRNIC_HOSTING=daemon
 fi
 
-timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" >"$work/server.out" 2>&1 &
-spid=$!
-# Wait (bounded: 20 s) until the server listens on its TCP port, or died.
-listening=0
-for _ in $(seq 1 200); do
-  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then listening=1; break; fi
-  kill -0 "$spid" 2>/dev/null || break
-  sleep 0.1
-done
-[ "$listening" = 1 ] || echo "FAIL: the server never listened on TCP port $port (20 s)"
-timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" 127.0.0.1 >"$work/client.out" 2>&1
-crc=$?
-wait "$spid"
-src=$?
+# One run of the pair: sets listening, src and crc, prints both outputs.
+run_pair() {
+  timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" >"$work/server.out" 2>&1 &
+  spid=$!
+  # Wait (bounded: 20 s) until the server listens on its TCP port, or died.
+  listening=0
+  for _ in $(seq 1 200); do
+    if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then listening=1; break; fi
+    kill -0 "$spid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ "$listening" = 1 ] || echo "FAIL: the server never listened on TCP port $port (20 s)"
+  timeout -k 5 "$tmo" "$launch" "${mode[@]}" -- "$@" -p "$port" 127.0.0.1 >"$work/client.out" 2>&1
+  crc=$?
+  wait "$spid"
+  src=$?
 
-echo "== server: $* -p $port (exit $src)"
-cat "$work/server.out"
-echo "== client: $* -p $port 127.0.0.1 (exit $crc)"
-cat "$work/client.out"
+  echo "== server: $* -p $port (exit $src)"
+  cat "$work/server.out"
+  echo "== client: $* -p $port 127.0.0.1 (exit $crc)"
+  cat "$work/client.out"
+}
+run_pair "$@"
+# perftest calibrates its cycle counter against the wall clock at start; on a loaded VM the fit
+# can fail ("Correlation coefficient r^2: 0.86 < 0.9"), and with -F the tool goes on and prints
+# "inf" for every latency. That is the tool's clock, not the device: such a run is repeated
+# once, and the second run is judged as usual.
+if grep -qE 'r\^2: [0-9.]+ < 0\.9' "$work/server.out" "$work/client.out" &&
+   ! { grep -Eq -- "$expect" "$work/client.out" && grep -Eq -- "$sexpect" "$work/server.out"; }; then
+  echo "== perftest's clock calibration failed and the output lacks what is expected: running the pair again"
+  rm -f "$work"/stats.*
+  run_pair "$@"
+fi
 
 fail=0
 [ "$listening" = 1 ] || fail=1
