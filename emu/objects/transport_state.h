@@ -104,6 +104,10 @@ struct RespState {
   // ack_hold_ns before it (ack_sent_ns).
   bool ack_hold = false;
   bool ack_held = false;         // QP is in the engine's held-ACK list
+  // A post went while the owed ACK was still listed in another thread's receive batch
+  // (resp_take_ack): it cannot ride that post, and held it would wait for the next one, a
+  // whole message later; so that batch sends it at once (resp_flush_ack).
+  bool ack_passed = false;
   uint64_t ack_hold_until_ns = 0;  // the held ACK goes alone then (0: none held)
   uint64_t ack_sent_ns = 0;      // when the receive context last sent an owed ACK (hold on)
   bool uc_drop = false;          // UC: dropping until the next FIRST/ONLY

@@ -659,10 +659,18 @@ uint64_t Engine::rx_now() {
 }
 
 void Engine::flush_acks_locked(uint64_t* now_cache) {
-  // Held only where an application thread drains (poll_cq): it returns to its code at once
-  // and answers. The progress thread sends at once: its application may not have a core to
-  // answer on (2 cores, ib_write_lat: a quarter of the held ACKs timed out).
-  const bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
+  // Held where an application thread drains (poll_cq): it returns to its code at once and
+  // answers. The progress thread holds only while the application is in its loop, its last
+  // call (an empty poll, or a post while its polls held receive) within busy_poll_gap_ns:
+  // one that has gone away, or has no core, would leave the ACK to its deadline (the first
+  // version held there always; on 2 cores a quarter of ib_write_lat's held ACKs timed out).
+  // Sending at once there kept a ping-pong that began with the progress thread receiving on
+  // that footing: the answer and its ACK went as two datagrams, the peer's completion came
+  // before the answer, its application waited on memory and handed receive to its own
+  // progress thread, which acknowledged at once in turn (ib_write_lat -n 1000: a third of
+  // the messages in some runs, p99 up to 12x typical).
+  bool hold = cfg_.ack_hold_ns != 0 && !t_progress_thread;
+  const bool progress_may_hold = cfg_.ack_hold_ns != 0 && t_progress_thread;
   // Set only by this thread, from inside this drain (release_held_acks_now).
   bool left = false;
   if (release_held_now_) {
@@ -671,7 +679,7 @@ void Engine::flush_acks_locked(uint64_t* now_cache) {
   }
   if (ack_qps_.empty() && held_acks_.empty()) return;
   uint64_t now = 0;
-  if (hold || !held_acks_.empty()) {
+  if (hold || progress_may_hold || !held_acks_.empty()) {
     // A batch and the drain's end share one reading (drain_locked).
     if (now_cache == nullptr) {
       now = wire::monotonic_ns();
@@ -680,6 +688,10 @@ void Engine::flush_acks_locked(uint64_t* now_cache) {
       now = *now_cache;
     }
   }
+  if (progress_may_hold && !left && busy_poll_allowed() &&
+      static_cast<int64_t>(now - last_app_call_ns_.load(std::memory_order_relaxed)) <=
+          static_cast<int64_t>(cfg_.busy_poll_gap_ns))
+    hold = true;
   // What the batch already built goes first: a post may send a held ACK at once
   // (resp_take_ack), and it must not overtake this QP's earlier responses (a READ response
   // behind a later ACK reads as lost at the requester).
@@ -1004,6 +1016,7 @@ void reset_transport(Qp& qp) {
   s.inorder_sport = 0;
   s.ack_pending = false;
   s.ack_hold = false;  // `ack_held` stays, as `ack_listed`: the lists drop it
+  s.ack_passed = false;
   s.ack_sent_ns = 0;
   s.ack_hold_until_ns = 0;
   s.cur = RespState::kNone;
@@ -1310,6 +1323,9 @@ void Engine::program_parked_timer() {
 }
 
 void Engine::left_data_path() {
+  // Its last call no longer says the application is in its loop: the progress thread sends
+  // the ACKs it drains at once (flush_acks_locked) until the next call.
+  last_app_call_ns_.store(0, std::memory_order_relaxed);
   hand_back_rx(true);
   release_held_acks_now();
 }

@@ -1197,8 +1197,10 @@ bool resp_flush_ack(Engine& e, Qp& qp, uint64_t now_ns) {
     s.ack_pending = false;
     return false;
   }
+  const bool passed = s.ack_passed;
+  s.ack_passed = false;
   if (!s.ack_pending) return false;
-  if (now_ns != 0 && s.ack_hold) return true;  // for the next post (Engine::take_ack)
+  if (now_ns != 0 && s.ack_hold && !passed) return true;  // for the next post (Engine::take_ack)
   emit_pending_ack(e, qp);
   s.ack_sent_ns = now_ns;
   return false;
@@ -1244,6 +1246,7 @@ bool resp_take_ack(Engine& e, Qp& qp, TxBatch& tx, uint64_t now_ns, uint64_t hol
     // An ACK owed, or one that went alone a moment ago: the application answers; hold the
     // next one.
     if (answers) s.ack_hold = true;
+    if (s.ack_pending && s.ack_listed) s.ack_passed = true;  // not this one (resp_flush_ack)
     return false;
   }
   emit_pending_ack(e, qp, tx);  // ack_held stays: the held list finds nothing owed

@@ -1141,6 +1141,73 @@ TEST_F(AckHoldTest, LeavingDuringADrainSendsTheHeldAckAtTheBatchEnd) {
   EXPECT_EQ(drain_cq(*s.rcq).size(), 3u);
 }
 
+// A post from another thread while its QP's ACK is still listed in a receive batch (here
+// the batch's next packet, for a second QP, is being placed) cannot take that ACK: the batch
+// sends it at its end instead of holding it for a post that has already gone (it would
+// wait a whole message for the next one).
+TEST_F(AckHoldTest, AnAckAPostPassedGoesAtTheBatchEnd) {
+  peer_send(kEpsn);
+  answer(1);  // qp holds ACKs from now on
+  ASSERT_TRUE(peer_send(kEpsn + 1).empty());
+  std::vector<Captured> out = answer(2);  // takes the held ACK: holding is on
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out[0].opcode(), op::kRcAcknowledge);
+  auto qp2 = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = 900;
+  o.sq_psn = 700;
+  connect_qp(*s.dev, qp2, "127.0.0.2", kPeerQpn + 1, o);
+  ASSERT_TRUE(post_recv(qp2, 0, {sge(rbuf.data() + 4096, 512, mrb)}).is_ok());
+  // One batch: qp's SEND (its ACK is listed), then qp2's, whose placing runs the post.
+  auto mem = std::make_shared<OnFirstWrite>();
+  int writes = 0;
+  bool posted = false;
+  std::function<void()> on_write = [&] {
+    if (++writes < 2) {
+      mem->hook = on_write;  // the next write
+      return;
+    }
+    std::thread t([&] {
+      posted = post(qp, send_wr(WrOpcode::kSend, 3, {sge(sbuf.data(), 32, msb)})).is_ok();
+    });
+    t.join();
+  };
+  mem->hook = on_write;
+  s.dev->set_mem(mem);
+  wire::PacketFields f;
+  f.opcode = op::kRcSendOnly;
+  f.dest_qp = qp->qpn();
+  f.psn = kEpsn + 2;
+  f.ack_req = true;
+  p.send(f, bytes(16, 0x11));
+  f.dest_qp = qp2->qpn();
+  f.psn = 900;
+  p.send(f, bytes(16, 0x22));
+  s.eng->poll_rx();
+  ASSERT_EQ(writes, 2) << "both SENDs were placed";
+  ASSERT_TRUE(posted);
+  out = p.recv_all();
+  // The post's SEND (alone), then at the batch's end both ACKs: none is held.
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].opcode(), op::kRcSendOnly);
+  int acks = 0;
+  for (size_t i = 1; i < out.size(); ++i) {
+    ASSERT_EQ(out[i].opcode(), op::kRcAcknowledge);
+    if (out[i].f.dest_qp == kPeerQpn) {
+      EXPECT_EQ(out[i].psn(), kEpsn + 2);
+      ++acks;
+    }
+  }
+  EXPECT_EQ(acks, 1) << "qp's ACK was held for a post that had gone";
+  peer_ack(out[0].psn());  // (no retransmit of the post's SEND below)
+  s.eng->poll_rx();
+  fire_timers();
+  EXPECT_TRUE(p.recv_all().empty());
+  EXPECT_EQ(ctr(Ctr::kAckHoldExpired), 0u);
+  // Holding stays on for the QP: the next ACK waits for the next post.
+  ASSERT_TRUE(peer_send(kEpsn + 3).empty());
+}
+
 TEST_F(AckHoldTest, DestroyingTheQpSendsItsHeldAck) {
   peer_send(kEpsn);
   answer(1);
