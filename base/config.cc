@@ -87,7 +87,8 @@ const VarDecl kVars[] = {
     {.name = "SOFTRNIC_ACK_HOLD_US", .type = VarType::kU32, .default_text = "`50`",
      .values = "0..150 (microseconds)",
      .help = "ACKs ride posts: an ACK owed at the end of a receive that an application's "
-             "poll_cq ran waits this long for the QP's next requester run (a post), once the "
+             "poll_cq ran (or the progress thread, while the application's last call was less "
+             "than 50 us ago) waits this long for the QP's next requester run (a post), once the "
              "QP's application answers within it, and goes in that run's batch ahead of its "
              "requests (else alone, at once when the application enters the CM or waits in "
              "ibv_get_cq_event; counters ack_on_post, ack_hold_expired); on 2 cores "

@@ -120,9 +120,10 @@ struct EngineConfig {
   // answered that way (or posted less than this long after an ACK went alone), the receive
   // context holds that QP's owed ACKs for the next post, at most this long; one that times
   // out goes alone and ends the holding. So a ping-pong sends one sendmmsg per message, not
-  // two. The progress thread never holds (its application may have no core to answer on);
-  // run_timers sends a held ACK no post took (the progress thread's timerfd, or a test's
-  // hand). 0 = off (the default here, for tests that drive packets by hand).
+  // two. The progress thread holds only while the application is in its loop (its last call
+  // within busy_poll_gap_ns: flush_acks_locked); run_timers sends a held ACK no post took (the
+  // progress thread's timerfd, the polls' timer runs, or a test's hand). 0 = off (the default
+  // here, for tests that drive packets by hand).
   uint64_t ack_hold_ns = 0;
   // With ack_hold_ns: an application thread's receive (poll_cq) that handled the ACK of a
   // ping-pong's last message waits at most this long for the answer behind it before it
