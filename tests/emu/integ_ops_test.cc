@@ -522,17 +522,30 @@ struct HandOffScene {
       p.a.rcq->poll(&c, 1);
     return ctr(Ctr::kBusyPollTaken) > 0;
   }
-  // b WRITEs `v` into a's memory; true once a sees it, polling nothing, within 2 s.
-  bool write_arrives(uint32_t v) {
+  // b's WRITE of v into a's memory, which a waits for (2 s at most), polling its empty
+  // receive CQ if `polls` (else without a call); b's completion is not polled.
+  bool b_writes(uint32_t v, bool polls = false) {
     out = v;
     Wr w = send_wr(WrOpcode::kRdmaWrite, v, {sge(&out, 4, mout)});
     w.rdma.remote_addr = reinterpret_cast<uint64_t>(&in);
     w.rdma.rkey = min->rkey();
     if (!post(qb, w).is_ok()) return false;
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (peek_dma(&in) != v && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+    Cqe c;
+    while (peek_dma(&in) != v && std::chrono::steady_clock::now() < end) {
+      if (polls)
+        p.a.rcq->poll(&c, 1);
+      else
+        std::this_thread::yield();
+    }
+    return peek_dma(&in) == v;
+  }
+  // b WRITEs `v` into a's memory; true once a sees it, polling nothing, within 2 s, and b's
+  // WRITE completes.
+  bool write_arrives(uint32_t v) {
+    if (!b_writes(v)) return false;
     auto c = poll_n(*p.b.scq, 1);
-    return peek_dma(&in) == v && c.size() == 1 && c[0].status == WcStatus::kSuccess;
+    return c.size() == 1 && c[0].status == WcStatus::kSuccess;
   }
 };
 
@@ -749,24 +762,6 @@ struct HoldScene : HandOffScene {
     if (!post(qa, w).is_ok()) return false;
     auto c = poll_n(*p.a.scq, 1, 5000, {}, 256);
     return c.size() == 1 && c[0].status == WcStatus::kSuccess;
-  }
-  // b's WRITE of v into a's memory, which a waits for, polling its empty receive CQ if
-  // `polls` (else without a call); b's completion is not polled.
-  bool b_writes(uint32_t v, bool polls = false) {
-    out = v;
-    Wr w = send_wr(WrOpcode::kRdmaWrite, v, {sge(&out, 4, mout)});
-    w.rdma.remote_addr = reinterpret_cast<uint64_t>(&in);
-    w.rdma.rkey = min->rkey();
-    if (!post(qb, w).is_ok()) return false;
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    Cqe c;
-    while (peek_dma(&in) != v && std::chrono::steady_clock::now() < end) {
-      if (polls)
-        p.a.rcq->poll(&c, 1);
-      else
-        std::this_thread::yield();
-    }
-    return peek_dma(&in) == v;
   }
   // Sets the scene up to b's second WRITE landing in a's memory (taken by a's progress
   // thread); `leave`: a leaves the data path before it. "" or the step that went wrong.

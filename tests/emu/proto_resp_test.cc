@@ -1174,14 +1174,12 @@ TEST_F(AckHoldTest, AnAckAPostPassedGoesAtTheBatchEnd) {
   };
   mem->hook = on_write;
   s.dev->set_mem(mem);
+  peer_send_only(kEpsn + 2);
   wire::PacketFields f;
   f.opcode = op::kRcSendOnly;
-  f.dest_qp = qp->qpn();
-  f.psn = kEpsn + 2;
-  f.ack_req = true;
-  p.send(f, bytes(16, 0x11));
   f.dest_qp = qp2->qpn();
   f.psn = 900;
+  f.ack_req = true;
   p.send(f, bytes(16, 0x22));
   s.eng->poll_rx();
   ASSERT_EQ(writes, 2) << "both SENDs were placed";
