@@ -39,6 +39,10 @@ class TransportHooks {
   // post_recv), whatever the result. Called with no emu lock held, after the queue's own
   // hook: a busy-polling application is in the library here, not away (Engine::on_app_post).
   virtual void on_app_post() {}
+  // An application thread enters post_send, which may run long (the requester runs inline,
+  // or waits for the QP's send lock): the gap since its last call is measured here, not from
+  // the post's end (Engine::on_app_enter). No emu lock held.
+  virtual void on_app_enter() {}
   // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
   // responder/completer), then return; poll looks again once. No emu lock held.
   virtual void on_poll_empty(Cq& cq) = 0;

@@ -544,6 +544,7 @@ Status Qp::validate_send_wr(const SendWr& wr) const {
 }
 
 Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
+  if (TransportHooks* h = dev_->hooks()) h->on_app_enter();
   const Status st = queue_send(wrs, n, bad);
   if (TransportHooks* h = dev_->hooks()) h->on_app_post();
   return st;

@@ -1209,7 +1209,7 @@ void Engine::on_poll_empty(Cq& cq) {
       owned = true;
     }
   }
-  receive_for_app(owned, now);
+  receive_for_app(owned, now, owned);
 }
 
 void Engine::renew_lease(uint64_t now_ns) {
@@ -1221,8 +1221,20 @@ void Engine::renew_lease(uint64_t now_ns) {
   }
 }
 
-void Engine::receive_for_app(bool owned, uint64_t now_ns) {
+void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
   try_poll_rx(64);
+  // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
+  // ACKs release): an application in its loop is in the library until here, so the gap to
+  // its next call, and the lease, count from here. Measured from the poll's start, a drain of
+  // a few megabytes outlasted the gap: the next empty poll handed receive back, and the lease
+  // ran out with the application polling (ib_send_bw -q 4's receiver, docs/progress.md). Not
+  // after a post that came later than the gap (`in_loop` false): its receive does not make
+  // it back to back.
+  if (in_loop && !rx_watched_.load(std::memory_order_relaxed)) {
+    const uint64_t t = wire::monotonic_ns();
+    last_app_call_ns_.store(t, std::memory_order_relaxed);
+    renew_lease(t);
+  }
   // The timers are parked while the polls hold receive (arm_locked): run what fell due.
   if (owned && armed_ns_.load(std::memory_order_acquire) <= now_ns &&
       !rx_watched_.load(std::memory_order_acquire)) {
@@ -1247,7 +1259,8 @@ void Engine::on_app_post() {
   //   polls rarely does not hold the peer's ACKs until its next poll.
   // - Only receive the polls hold counts: a post never takes it from the progress thread.
   // - A post renews the lease only when it came within the gap of the application's last
-  //   call (back to back, as polls must be): ib_send_bw posts for milliseconds between empty
+  //   call (back to back, as polls must be; a post_send's start is checked in on_app_enter,
+  //   so its own run does not count as a gap): ib_send_bw posts for milliseconds between empty
   //   polls, and its lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
@@ -1255,13 +1268,29 @@ void Engine::on_app_post() {
     return;
   const uint64_t now = wire::monotonic_ns();
   const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
-  if (static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns))
-    renew_lease(now);
+  const bool in_loop =
+      static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns);
+  if (in_loop) renew_lease(now);
   const uint64_t last_rx = last_app_rx_ns_.load(std::memory_order_relaxed);
   if (static_cast<int64_t>(now - last_rx) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns)) return;
   last_app_rx_ns_.store(now, std::memory_order_relaxed);
   ctr_.add(Ctr::kRxOnPost);
-  receive_for_app(true, now);
+  receive_for_app(true, now, in_loop);
+}
+
+void Engine::on_app_enter() {
+  // A post_send's start, while the application's polls hold receive: the gap since its last
+  // call ends here, not at the post's end. A post that sends a 64 KiB message, or waits for
+  // its QP's send lock (a requester run an ACK released elsewhere), takes longer than the
+  // gap by itself; measured end to end, back-to-back posts of ib_send_bw -q 4 renewed
+  // nothing and the lease ran out ~35 times a second with the application in its loop
+  // (docs/progress.md). One clock read a post, only while the polls hold receive.
+  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
+    return;
+  const uint64_t now = wire::monotonic_ns();
+  const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
+  if (static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns))
+    renew_lease(now);
 }
 
 void Engine::on_poll_hit(Cq& cq) {

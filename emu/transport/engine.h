@@ -373,6 +373,7 @@ class Engine final : public TransportHooks {
   void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
   void on_app_post() override;
+  void on_app_enter() override;
   void on_poll_empty(Cq& cq) override;
   void on_poll_hit(Cq& cq) override;
   // CQ event moderation periods: timed with the QP timers (run_timers ticks the CQ).
@@ -445,8 +446,9 @@ class Engine final : public TransportHooks {
   // The polls' lease runs until now + lease_ns() (renewed once half of it is gone).
   void renew_lease(uint64_t now_ns);
   // What an empty poll does for the application: receive (try-lock), and, when its polls
-  // hold receive (`owned`), the timers that fell due while they are parked.
-  void receive_for_app(bool owned, uint64_t now_ns);
+  // hold receive (`owned`), the timers that fell due while they are parked. `in_loop`: the
+  // call came within the gap of the last; its receive's end is the application's last call.
+  void receive_for_app(bool owned, uint64_t now_ns, bool in_loop);
   void spin_rx();
   bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)
   static constexpr uint64_t kSpareCoreCheckNs = 10'000'000;
@@ -514,8 +516,10 @@ class Engine final : public TransportHooks {
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
-  // The application's last call: an empty poll, or a post while its polls hold receive
-  // (on_app_post); the busy-poll gap is measured from it.
+  // The application was last seen in the library then, while its polls hold receive: an
+  // empty poll's start and the end of its receive, a post_send's start (on_app_enter), a
+  // post's end (on_app_post). The busy-poll gap is measured from it, so a long call (a drain
+  // of megabytes, a requester run, a wait for a send lock) is not a gap.
   std::atomic<uint64_t> last_app_call_ns_{0};
   // The last receive done by an application's empty poll, or by a post (on_app_post).
   std::atomic<uint64_t> last_app_rx_ns_{0};
