@@ -626,9 +626,7 @@ int Engine::drain_locked(int budget) {
     // with no polls going on).
     if (t_progress_thread && !rx_watched_.load(std::memory_order_relaxed) &&
         idle_qp_ == nullptr && replay_qps_.empty() && port_->held_count() == 0 &&
-        static_cast<int64_t>(wire::monotonic_ns() -
-                             last_app_call_ns_.load(std::memory_order_relaxed)) <=
-            static_cast<int64_t>(cfg_.busy_poll_gap_ns))
+        within_gap(wire::monotonic_ns(), last_app_call_ns_.load(std::memory_order_relaxed)))
       break;
   }
   flush_acks_locked(&now_cache);
@@ -661,7 +659,7 @@ uint64_t Engine::rx_now() {
 void Engine::flush_acks_locked(uint64_t* now_cache) {
   // Held where an application thread drains (poll_cq): it returns to its code at once and
   // answers. The progress thread holds only while the application is in its loop, its last
-  // call (an empty poll, or a post while its polls held receive) within busy_poll_gap_ns:
+  // call (last_app_call_ns_: a poll, a post, the end of its receive) within the gap:
   // one that has gone away, or has no core, would leave the ACK to its deadline (the first
   // version held there always; on 2 cores a quarter of ib_write_lat's held ACKs timed out).
   // Sending at once there kept a ping-pong that began with the progress thread receiving on
@@ -689,8 +687,7 @@ void Engine::flush_acks_locked(uint64_t* now_cache) {
     }
   }
   if (progress_may_hold && !left && busy_poll_allowed() &&
-      static_cast<int64_t>(now - last_app_call_ns_.load(std::memory_order_relaxed)) <=
-          static_cast<int64_t>(cfg_.busy_poll_gap_ns))
+      within_gap(now, last_app_call_ns_.load(std::memory_order_relaxed)))
     hold = true;
   // What the batch already built goes first: a post may send a held ACK at once
   // (resp_take_ack), and it must not overtake this QP's earlier responses (a READ response
@@ -1192,12 +1189,11 @@ void Engine::on_poll_empty(Cq& cq) {
     // timerfd_settime due before the next tick cost 7 us here (a VM: the APIC timer is
     // reprogrammed), one due after it 0.3 us; so the lease is long and renewed rarely
     // (docs/progress.md). An application that polls slower keeps the progress thread.
-    // The gap is measured from the application's last call: an empty poll, or a post while
-    // its polls held receive (on_app_post).
+    // The gap is measured from the application's last call (last_app_call_ns_: an empty
+    // poll, the end of its receive, a post).
     const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
     last_app_rx_ns_.store(now, std::memory_order_relaxed);
-    // (Signed: another thread's later stamp may be in `prev`.)
-    if (static_cast<int64_t>(now - prev) > static_cast<int64_t>(cfg_.busy_poll_gap_ns)) {
+    if (!within_gap(now, prev)) {
       hand_back_rx(false);
     } else {
       // Taken (again: a drain handed it back), or held.
@@ -1268,11 +1264,10 @@ void Engine::on_app_post() {
     return;
   const uint64_t now = wire::monotonic_ns();
   const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
-  const bool in_loop =
-      static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns);
+  const bool in_loop = within_gap(now, prev);
   if (in_loop) renew_lease(now);
   const uint64_t last_rx = last_app_rx_ns_.load(std::memory_order_relaxed);
-  if (static_cast<int64_t>(now - last_rx) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns)) return;
+  if (within_gap(now, last_rx)) return;
   last_app_rx_ns_.store(now, std::memory_order_relaxed);
   ctr_.add(Ctr::kRxOnPost);
   receive_for_app(true, now, in_loop);
@@ -1289,8 +1284,7 @@ void Engine::on_app_enter() {
     return;
   const uint64_t now = wire::monotonic_ns();
   const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
-  if (static_cast<int64_t>(now - prev) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns))
-    renew_lease(now);
+  if (within_gap(now, prev)) renew_lease(now);
 }
 
 void Engine::on_poll_hit(Cq& cq) {

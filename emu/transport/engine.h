@@ -437,6 +437,11 @@ class Engine final : public TransportHooks {
            fault_.load(std::memory_order_relaxed) == nullptr &&
            !stopping_.load(std::memory_order_relaxed);
   }
+  // `then` is within the busy-poll gap of `now` (signed: another thread's later stamp may be
+  // in `then`): calls that close together are back to back.
+  bool within_gap(uint64_t now, uint64_t then) const {
+    return static_cast<int64_t>(now - then) <= static_cast<int64_t>(cfg_.busy_poll_gap_ns);
+  }
   // The polls' lease: busy_poll_ns, at least two poll gaps (a shorter one would run out
   // between polls that still count as back to back).
   uint64_t lease_ns() const {
