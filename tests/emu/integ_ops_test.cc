@@ -717,26 +717,27 @@ TEST(BusyPollTest, OnlyPostsBackToBackRenewTheLease) {
 }
 
 // A post_send is the application in the library from its start (Engine::on_app_enter): one
-// that waits 60 ms for its QP's send lock (as a post does behind a requester run an ACK
-// released) is not a gap. Lease 100 ms, gap 50 ms: a's polls take receive and poll again
-// 30 ms later; 30 ms after that a post begins (within the gap of that poll, the lease half
-// gone: it renews) and waits past the lease's first end. Measured from the post's end (90 ms
-// after the last poll), nothing renewed the lease and it ran out under the post.
+// that waits 240 ms for its QP's send lock (as a post does behind a requester run an ACK
+// released) is not a gap. Lease 400 ms, gap 200 ms: a's polls take receive and poll again
+// 120 ms later; 120 ms after that a post begins (within the gap of that poll, the lease past
+// half: it renews, to 640 ms) and waits past the lease's first end (400 ms). Measured from
+// the post's end (360 ms after the last poll), nothing renewed the lease and it ran out
+// under the post. (Wide margins: the sleeps overshoot on a loaded machine.)
 TEST(BusyPollTest, APostWaitingForItsSendLockIsNotAGap) {
-  HandOffScene s(100'000'000u, 50'000'000u);
+  HandOffScene s(400'000'000u, 200'000'000u);
   ASSERT_TRUE(s.qa && s.qb);
   ASSERT_TRUE(s.take());
   Cqe c;
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
   std::unique_lock held(s.qa->send_mutex());
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
   Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(&s.rbuf, 4, s.rmr)});
   w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
   w.rdma.rkey = s.mout->rkey();
   bool posted = false;
   std::thread poster([&] { posted = post(s.qa, w).is_ok(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  std::this_thread::sleep_for(std::chrono::milliseconds(240));
   held.unlock();
   poster.join();
   EXPECT_TRUE(posted);
@@ -748,10 +749,10 @@ TEST(BusyPollTest, APostWaitingForItsSendLockIsNotAGap) {
 }
 
 // An empty poll's receive is the application in the library until it ends (receive_for_app):
-// a drain that waits 60 ms for a's QP's receive lock (gap 20 ms) is not a gap, and the next
+// a drain that waits 300 ms for a's QP's receive lock (gap 100 ms) is not a gap, and the next
 // empty poll keeps receive. Measured from the first poll's start, it handed receive back.
 TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
-  HandOffScene s(4'000'000'000u, 20'000'000u);
+  HandOffScene s(4'000'000'000u, 100'000'000u);
   ASSERT_TRUE(s.qa && s.qb);
   ASSERT_TRUE(s.take());
   const uint64_t returned = s.ctr(Ctr::kBusyPollReturned);
@@ -759,7 +760,7 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
   std::thread holder([&] {
     std::lock_guard lk(s.qa->recv_mutex());
     locked.store(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
   });
   while (!locked.load()) std::this_thread::yield();
   s.out = 21;
@@ -771,10 +772,10 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
   const auto took = std::chrono::steady_clock::now() - t0;
-  holder.join();
-  EXPECT_GE(took, std::chrono::milliseconds(40)) << "the poll's receive did not wait for the lock";
-  EXPECT_EQ(peek_dma(&s.in), 21u);
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
+  holder.join();
+  EXPECT_GE(took, std::chrono::milliseconds(200)) << "the poll's receive did not wait for the lock";
+  EXPECT_EQ(peek_dma(&s.in), 21u);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), returned) << "the next poll handed receive back";
   auto done = poll_n(*s.p.b.scq, 1);
   ASSERT_EQ(done.size(), 1u);
