@@ -1218,15 +1218,16 @@ void Engine::renew_lease(uint64_t now_ns) {
 }
 
 void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
-  try_poll_rx(64);
+  const int got = try_poll_rx(64);
   // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
   // ACKs release): an application in its loop is in the library until here, so the gap to
   // its next call, and the lease, count from here. Measured from the poll's start, a drain of
   // a few megabytes outlasted the gap: the next empty poll handed receive back, and the lease
   // ran out with the application polling (ib_send_bw -q 4's receiver, docs/progress.md). Not
   // after a post that came later than the gap (`in_loop` false): its receive does not make
-  // it back to back.
-  if (in_loop && !rx_watched_.load(std::memory_order_relaxed)) {
+  // it back to back. Only after a receive that got datagrams: an empty look is short, and a
+  // busy poll makes one after another (a clock read each).
+  if (got > 0 && in_loop && !rx_watched_.load(std::memory_order_relaxed)) {
     const uint64_t t = wire::monotonic_ns();
     last_app_call_ns_.store(t, std::memory_order_relaxed);
     renew_lease(t);
