@@ -40,8 +40,8 @@ class TransportHooks {
   // hook: a busy-polling application is in the library here, not away (Engine::on_app_post).
   virtual void on_app_post() {}
   // An application thread enters post_send, which may run long (the requester runs inline,
-  // or waits for the QP's send lock): the gap since its last call is measured here, not from
-  // the post's end (Engine::on_app_enter). No emu lock held.
+  // or waits for the QP's send lock): the gap since its last call ends here, and on_app_post
+  // marks the end of the call (Engine::on_app_enter). No emu lock held.
   virtual void on_app_enter() {}
   // Cq::poll found cq empty: drive receive inline (try-lock, drain socket, run
   // responder/completer), then return; poll looks again once. No emu lock held.

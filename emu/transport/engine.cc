@@ -1256,8 +1256,8 @@ void Engine::on_app_post() {
   //   polls rarely does not hold the peer's ACKs until its next poll.
   // - Only receive the polls hold counts: a post never takes it from the progress thread.
   // - A post renews the lease only when it came within the gap of the application's last
-  //   call (back to back, as polls must be; a post_send's start is checked in on_app_enter,
-  //   so its own run does not count as a gap): ib_send_bw posts for milliseconds between empty
+  //   call (back to back, as polls must be; a post_send that started within the gap was
+  //   stamped there, by on_app_enter, so its own run does not count as a gap): ib_send_bw posts for milliseconds between empty
   //   polls, and its lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
@@ -1281,11 +1281,16 @@ void Engine::on_app_enter() {
   // gap by itself; measured end to end, back-to-back posts of ib_send_bw -q 4 renewed
   // nothing and the lease ran out ~35 times a second with the application in its loop
   // (docs/progress.md). One clock read a post, only while the polls hold receive.
+  // Only a start within the gap stamps: one after a longer absence is left to on_app_post's
+  // end-to-end check, as before (else the post's own end would find its start within the gap
+  // and renew: an application posting every millisecond and waiting on memory would keep
+  // receive parked for good).
   if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
     return;
   const uint64_t now = wire::monotonic_ns();
-  const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
-  if (within_gap(now, prev)) renew_lease(now);
+  if (!within_gap(now, last_app_call_ns_.load(std::memory_order_relaxed))) return;
+  last_app_call_ns_.store(now, std::memory_order_relaxed);
+  renew_lease(now);
 }
 
 void Engine::on_poll_hit(Cq& cq) {

@@ -23,9 +23,9 @@
 //  * busy poll: poll_cq on an empty CQ stamps the time; the first such poll takes the socket
 //    out of the progress thread's epoll set and arms a timerfd, so a busy-polling app is not
 //    interrupted by a progress-thread wake per packet. When no poll happened for
-//    busy_poll_ns at a re-check the progress thread watches the socket again and drains it;
-//    while the polls go on, each re-check comes twice as late as the last (at most 100 us).
-//    A post while the polls hold receive counts as a poll for the gap (on_app_post).
+//    busy_poll_ns (the lease, renewed at half time while the calls go on) the progress thread
+//    watches the socket again and drains it. A post while the polls hold receive counts as a
+//    call for the gap (on_app_post; a post_send from its start, on_app_enter).
 //  * spin: with spin_ns, the progress thread polls the port for spin_ns after the last
 //    datagram it received before it sleeps in epoll (timers due meanwhile run from the spin),
 //    if the machine's runnable threads leave a CPU spare (spare_core).
@@ -82,7 +82,8 @@ struct EngineConfig {
   // segment's IP ID, or solving for it: wire.md §3). Tests turn it off to see single datagrams.
   bool gro = true;
   // Busy-poll hand-off (on_poll_empty). While an application polls empty CQs back to back
-  // (at most busy_poll_gap_ns apart), its polls receive (poll_cq drains inline) and run the
+  // (its calls at most busy_poll_gap_ns apart, from the end of one to the start of the next:
+  // last_app_call_ns_), its polls receive (poll_cq drains inline) and run the
   // timers, the progress thread stops watching the socket, and the timerfd is parked
   // (arm_locked): the progress thread sleeps. The polls hold receive on a lease of
   // busy_poll_ns, renewed at half time by a timerfd_settime that wakes no one. Receive goes
@@ -95,7 +96,8 @@ struct EngineConfig {
   // it never takes receive (on_app_post). 0 = the progress thread always receives (the
   // default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
-  // Empty polls further apart than this are not a busy poll: receive stays with (or goes back
+  // Calls further apart than this (from the end of one to the start of the next: a poll's
+  // receive or a post_send can run long) are not a busy poll: receive stays with (or goes back
   // to) the progress thread; an application polling every millisecond would otherwise hold
   // the peer's ACKs that long. Tests under a sanitizer widen it (a poll there can take longer).
   uint32_t busy_poll_gap_ns = 50'000;
@@ -521,10 +523,12 @@ class Engine final : public TransportHooks {
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
-  // The application was last seen in the library then, while its polls hold receive: an
-  // empty poll's start and the end of its receive, a post_send's start (on_app_enter), a
-  // post's end (on_app_post). The busy-poll gap is measured from it, so a long call (a drain
-  // of megabytes, a requester run, a wait for a send lock) is not a gap.
+  // The application was last seen in the library then: an empty poll's start (whenever busy
+  // polling is allowed), and, while its polls hold receive, a post's end (on_app_post), the
+  // start of a post_send that came within the gap (on_app_enter), and the end of a receive
+  // that got datagrams in a call within the gap (receive_for_app). The busy-poll gap is
+  // measured from it, so a long call (a drain of megabytes, a requester run, a wait for a
+  // send lock) is not a gap. 0: the application left the data path (left_data_path).
   std::atomic<uint64_t> last_app_call_ns_{0};
   // The last receive done by an application's empty poll, or by a post (on_app_post).
   std::atomic<uint64_t> last_app_rx_ns_{0};

@@ -767,11 +767,18 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
   Wr w = send_wr(WrOpcode::kRdmaWrite, 21, {sge(&s.out, 4, s.mout)});
   w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.in);
   w.rdma.rkey = s.min->rkey();
-  ASSERT_TRUE(post(s.qb, w).is_ok());  // in a's socket when the post returns (loopback)
+  ASSERT_TRUE(post(s.qb, w).is_ok());
+  // Polls back to back until one receives the WRITE (usually the first: on loopback the
+  // datagram is in a's socket when b's post returns, unless the kernel deferred it); that one
+  // waits for the lock.
   Cqe c;
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
-  const auto took = std::chrono::steady_clock::now() - t0;
+  std::chrono::steady_clock::duration took{};
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (peek_dma(&s.in) != 21u && std::chrono::steady_clock::now() < end) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
+    took = std::chrono::steady_clock::now() - t0;
+  }
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
   holder.join();
   EXPECT_GE(took, std::chrono::milliseconds(200)) << "the poll's receive did not wait for the lock";
@@ -780,6 +787,25 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
   auto done = poll_n(*s.p.b.scq, 1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+}
+
+// A post_send's start is stamped only when it came within the gap (on_app_enter): post_sends
+// 10 ms apart (gap 5 ms) do not renew the polls' lease (20 ms), as post_recvs do not
+// (OnlyPostsBackToBackRenewTheLease). Stamped always, each post's end found its own start
+// within the gap and renewed: an application posting every few ms and waiting on memory kept
+// receive parked for good.
+TEST(BusyPollTest, PostSendsFarApartLetTheLeaseRunOut) {
+  HandOffScene s(20'000'000u, 5'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(&s.rbuf, 4, s.rmr)});
+  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
+  w.rdma.rkey = s.mout->rkey();
+  for (int i = 0; i < 100 && s.ctr(Ctr::kBusyPollLeaseEnded) == 0; ++i) {
+    ASSERT_TRUE(post(s.qa, w).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u) << "post_sends far apart kept the lease";
 }
 
 // A post never takes receive from the progress thread: only empty polls do.
