@@ -1224,9 +1224,11 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
   // its next call, and the lease, count from here. Measured from the poll's start, a drain of
   // a few megabytes outlasted the gap: the next empty poll handed receive back, and the lease
   // ran out with the application polling (ib_send_bw -q 4's receiver, docs/progress.md). Not
-  // after a post that came later than the gap (`in_loop` false): its receive does not make
-  // it back to back. Only after a receive that got datagrams: an empty look is short, and a
-  // busy poll makes one after another (a clock read each).
+  // when on_app_post's end-to-end check failed (`in_loop` false: a post that came later than
+  // the gap, or a post_send whose own run was longer, which on_app_enter stamped at its
+  // start): its receive does not make it back to back. Only after a receive that got
+  // datagrams: an empty look is short, and a busy poll makes one after another (a clock read
+  // each).
   if (got > 0 && in_loop && !rx_watched_.load(std::memory_order_relaxed)) {
     const uint64_t t = wire::monotonic_ns();
     last_app_call_ns_.store(t, std::memory_order_relaxed);
@@ -1257,8 +1259,9 @@ void Engine::on_app_post() {
   // - Only receive the polls hold counts: a post never takes it from the progress thread.
   // - A post renews the lease only when it came within the gap of the application's last
   //   call (back to back, as polls must be; a post_send that started within the gap was
-  //   stamped there, by on_app_enter, so its own run does not count as a gap): ib_send_bw posts for milliseconds between empty
-  //   polls, and its lease ran out ~25 times a second. Posts further apart let it run out,
+  //   stamped and renewed there, by on_app_enter, so a run longer than the gap renews at
+  //   its start, not here): ib_send_bw posts for milliseconds between empty polls, and its
+  //   lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
   if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())

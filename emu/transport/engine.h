@@ -454,7 +454,8 @@ class Engine final : public TransportHooks {
   void renew_lease(uint64_t now_ns);
   // What an empty poll does for the application: receive (try-lock), and, when its polls
   // hold receive (`owned`), the timers that fell due while they are parked. `in_loop`: the
-  // call came within the gap of the last; its receive's end is the application's last call.
+  // call came within the gap of the last stamp (on_poll_empty, on_app_post); its receive's
+  // end is then the application's last call.
   void receive_for_app(bool owned, uint64_t now_ns, bool in_loop);
   void spin_rx();
   bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)
