@@ -522,14 +522,25 @@ struct HandOffScene {
       p.a.rcq->poll(&c, 1);
     return ctr(Ctr::kBusyPollTaken) > 0;
   }
-  // b's WRITE of v into a's memory, which a waits for (2 s at most), polling its empty
-  // receive CQ if `polls` (else without a call); b's completion is not polled.
-  bool b_writes(uint32_t v, bool polls = false) {
+  // Posts b's WRITE of v (from `out`, set here) into a's `in`.
+  Status b_post_write(uint32_t v) {
     out = v;
     Wr w = send_wr(WrOpcode::kRdmaWrite, v, {sge(&out, 4, mout)});
     w.rdma.remote_addr = reinterpret_cast<uint64_t>(&in);
     w.rdma.rkey = min->rkey();
-    if (!post(qb, w).is_ok()) return false;
+    return post(qb, w);
+  }
+  // Posts a's 4-byte WRITE (from its receive buffer) into b's `out`.
+  Status a_post_write() {
+    Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(&rbuf, 4, rmr)});
+    w.rdma.remote_addr = reinterpret_cast<uint64_t>(&out);
+    w.rdma.rkey = mout->rkey();
+    return post(qa, w);
+  }
+  // b's WRITE of v into a's memory, which a waits for (2 s at most), polling its empty
+  // receive CQ if `polls` (else without a call); b's completion is not polled.
+  bool b_writes(uint32_t v, bool polls = false) {
+    if (!b_post_write(v).is_ok()) return false;
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     Cqe c;
     while (peek_dma(&in) != v && std::chrono::steady_clock::now() < end) {
@@ -676,11 +687,7 @@ TEST(BusyPollTest, PostsReceiveWhenThePollsStop) {
   ASSERT_TRUE(s.qa && s.qb);
   ASSERT_TRUE(s.take());
   const uint64_t on_post = s.ctr(Ctr::kRxOnPost);
-  s.out = 13;
-  Wr w = send_wr(WrOpcode::kRdmaWrite, 13, {sge(&s.out, 4, s.mout)});
-  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.in);
-  w.rdma.rkey = s.min->rkey();
-  ASSERT_TRUE(post(s.qb, w).is_ok());
+  ASSERT_TRUE(s.b_post_write(13).is_ok());
   for (int i = 0; i < 200 && peek_dma(&s.in) != 13u; ++i) {
     ASSERT_TRUE(s.repost());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -732,11 +739,8 @@ TEST(BusyPollTest, APostWaitingForItsSendLockIsNotAGap) {
   EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
   std::unique_lock held(s.qa->send_mutex());
   std::this_thread::sleep_for(std::chrono::milliseconds(120));
-  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(&s.rbuf, 4, s.rmr)});
-  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
-  w.rdma.rkey = s.mout->rkey();
   bool posted = false;
-  std::thread poster([&] { posted = post(s.qa, w).is_ok(); });
+  std::thread poster([&] { posted = s.a_post_write().is_ok(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(240));
   held.unlock();
   poster.join();
@@ -763,11 +767,7 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   });
   while (!locked.load()) std::this_thread::yield();
-  s.out = 21;
-  Wr w = send_wr(WrOpcode::kRdmaWrite, 21, {sge(&s.out, 4, s.mout)});
-  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.in);
-  w.rdma.rkey = s.min->rkey();
-  ASSERT_TRUE(post(s.qb, w).is_ok());
+  ASSERT_TRUE(s.b_post_write(21).is_ok());
   // Polls back to back until one receives the WRITE (usually the first: on loopback the
   // datagram is in a's socket when b's post returns, unless the kernel deferred it); that one
   // waits for the lock.
@@ -798,11 +798,8 @@ TEST(BusyPollTest, PostSendsFarApartLetTheLeaseRunOut) {
   HandOffScene s(20'000'000u, 5'000'000u);
   ASSERT_TRUE(s.qa && s.qb);
   ASSERT_TRUE(s.take());
-  Wr w = send_wr(WrOpcode::kRdmaWrite, 1, {sge(&s.rbuf, 4, s.rmr)});
-  w.rdma.remote_addr = reinterpret_cast<uint64_t>(&s.out);
-  w.rdma.rkey = s.mout->rkey();
   for (int i = 0; i < 100 && s.ctr(Ctr::kBusyPollLeaseEnded) == 0; ++i) {
-    ASSERT_TRUE(post(s.qa, w).is_ok());
+    ASSERT_TRUE(s.a_post_write().is_ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u) << "post_sends far apart kept the lease";
