@@ -9,8 +9,10 @@
 
 namespace rnic::wire {
 
-MemNetwork::MemNetwork(size_t queue_depth, uint32_t max_datagram)
-    : queue_depth_(queue_depth == 0 ? 1 : queue_depth), max_datagram_(max_datagram) {}
+MemNetwork::MemNetwork(size_t queue_depth, uint32_t max_datagram, bool signal_fds)
+    : queue_depth_(queue_depth == 0 ? 1 : queue_depth),
+      max_datagram_(max_datagram),
+      signal_fds_(signal_fds) {}
 
 MemNetwork::~MemNetwork() = default;
 
@@ -91,7 +93,7 @@ bool MemPort::deliver(const Endpoint& src, const uint8_t* data, uint32_t len, ui
   s.ip_id = ip_id;
   s.seg_size = seg_size;
   s.bytes.assign(data, data + len);  // reuses the slot's capacity after warm-up
-  if (count_++ == 0) {
+  if (count_++ == 0 && net_->signal_fds_) {
     uint64_t one = 1;
     (void)!::write(efd_, &one, sizeof(one));  // empty -> non-empty: make the fd readable
   }
@@ -154,7 +156,7 @@ int MemPort::recv_impl(std::span<RxDesc> descs) {
     head_ = (head_ + 1) % ring_.size();
     --count_;
   }
-  if (n > 0 && count_ == 0) {
+  if (n > 0 && count_ == 0 && net_->signal_fds_) {
     uint64_t v;
     (void)!::read(efd_, &v, sizeof(v));  // non-empty -> empty: clear readiness
   }

@@ -23,7 +23,11 @@ class MemNetwork {
   // queue_depth: datagrams each port can hold before further ones are dropped
   // (counted in that port's rx_dropped). max_datagram: larger datagrams are refused
   // (sender's tx_errors).
-  explicit MemNetwork(size_t queue_depth = 4096, uint32_t max_datagram = 65535);
+  // signal_fds false: the ports' wait_fd never becomes readable and send/receive make no
+  // eventfd syscalls; only for a single-threaded benchmark that never waits on a port's fd
+  // (path_bench: the engine's own per-packet cost, without the hub's two syscalls a message).
+  explicit MemNetwork(size_t queue_depth = 4096, uint32_t max_datagram = 65535,
+                      bool signal_fds = true);
   ~MemNetwork();
   MemNetwork(const MemNetwork&) = delete;
   MemNetwork& operator=(const MemNetwork&) = delete;
@@ -45,6 +49,7 @@ class MemNetwork {
 
   const size_t queue_depth_;
   const uint32_t max_datagram_;
+  const bool signal_fds_;
   mutable std::shared_mutex mu_;  // shared: lookups by senders; exclusive: attach/detach
   std::vector<MemPort*> ports_;
   std::atomic<uint64_t> unknown_dst_{0};
