@@ -1229,11 +1229,8 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
   // start): its receive does not make it back to back. Only after a receive that got
   // datagrams: an empty look is short, and a busy poll makes one after another (a clock read
   // each).
-  if (got > 0 && in_loop && !rx_watched_.load(std::memory_order_relaxed)) {
-    const uint64_t t = wire::monotonic_ns();
-    last_app_call_ns_.store(t, std::memory_order_relaxed);
-    renew_lease(t);
-  }
+  if (got > 0 && in_loop && !rx_watched_.load(std::memory_order_relaxed))
+    stamp_call(wire::monotonic_ns());
   // The timers are parked while the polls hold receive (arm_locked): run what fell due.
   if (owned && armed_ns_.load(std::memory_order_acquire) <= now_ns &&
       !rx_watched_.load(std::memory_order_acquire)) {
@@ -1243,6 +1240,11 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
       run_timers_locked(now_ns);
     }
   }
+}
+
+bool Engine::app_post_counts() const {
+  return !t_progress_thread && !rx_watched_.load(std::memory_order_acquire) &&
+         busy_poll_allowed();
 }
 
 void Engine::on_app_post() {
@@ -1264,8 +1266,7 @@ void Engine::on_app_post() {
   //   lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
-  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
-    return;
+  if (!app_post_counts()) return;
   const uint64_t now = wire::monotonic_ns();
   const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
   const bool in_loop = within_gap(now, prev);
@@ -1288,12 +1289,9 @@ void Engine::on_app_enter() {
   // end-to-end check, as before (else the post's own end would find its start within the gap
   // and renew: an application posting every millisecond and waiting on memory would keep
   // receive parked for good).
-  if (t_progress_thread || rx_watched_.load(std::memory_order_acquire) || !busy_poll_allowed())
-    return;
+  if (!app_post_counts()) return;
   const uint64_t now = wire::monotonic_ns();
-  if (!within_gap(now, last_app_call_ns_.load(std::memory_order_relaxed))) return;
-  last_app_call_ns_.store(now, std::memory_order_relaxed);
-  renew_lease(now);
+  if (within_gap(now, last_app_call_ns_.load(std::memory_order_relaxed))) stamp_call(now);
 }
 
 void Engine::on_poll_hit(Cq& cq) {

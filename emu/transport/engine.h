@@ -452,6 +452,16 @@ class Engine final : public TransportHooks {
   void arm_defer(uint64_t deadline_ns);
   // The polls' lease runs until now + lease_ns() (renewed once half of it is gone).
   void renew_lease(uint64_t now_ns);
+  // An application thread's post counts for the hand-off (on_app_enter, on_app_post): the
+  // application's polls hold receive, so the progress thread is parked. Not the progress
+  // thread's own posts.
+  bool app_post_counts() const;
+  // The application's last call was at now_ns (a post's start, a receive's end), in its
+  // loop: the stamp the gap is measured from, and the lease renewed from it.
+  void stamp_call(uint64_t now_ns) {
+    last_app_call_ns_.store(now_ns, std::memory_order_relaxed);
+    renew_lease(now_ns);
+  }
   // What an empty poll does for the application: receive (try-lock), and, when its polls
   // hold receive (`owned`), the timers that fell due while they are parked. `in_loop`: the
   // call came within the gap of the last stamp (on_poll_empty, on_app_post); its receive's
