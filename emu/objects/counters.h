@@ -108,6 +108,9 @@ enum class Ctr : uint8_t {
   kRxOnPost,            // rx_on_post (ours): receive looks (try-lock) done by an
                         // application's post while its polls held receive, when no empty
                         // poll or post had looked for a busy-poll gap (Engine::on_app_post)
+  kBusyPollLateForgiven,  // busy_poll_late_forgiven (ours): empty polls further apart than
+                          // the busy-poll gap that kept the polls' receive
+                          // (EngineConfig::busy_poll_late_polls)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -1193,7 +1193,18 @@ void Engine::on_poll_empty(Cq& cq) {
     // poll, the end of its receive, a post).
     const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
     last_app_rx_ns_.store(now, std::memory_order_relaxed);
-    if (!within_gap(now, prev)) {
+    // A late poll (further than the gap from the last call) hands receive back unless the
+    // polls hold it and fewer than busy_poll_late_polls late ones came in a row before it.
+    const bool late = !within_gap(now, prev);
+    bool forgiven = false;
+    if (!late) {
+      if (late_polls_.load(std::memory_order_relaxed) != 0)
+        late_polls_.store(0, std::memory_order_relaxed);
+    } else if (!rx_watched_.load(std::memory_order_relaxed)) {
+      forgiven = late_polls_.fetch_add(1, std::memory_order_relaxed) < cfg_.busy_poll_late_polls;
+      if (forgiven) ctr_.add(Ctr::kBusyPollLateForgiven);
+    }
+    if (late && !forgiven) {
       hand_back_rx(false);
     } else {
       // Taken (again: a drain handed it back), or held.

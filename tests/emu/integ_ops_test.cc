@@ -492,12 +492,17 @@ struct HandOffScene {
   alignas(8) uint32_t in = 0;
   uint32_t out = 0;
   std::shared_ptr<Mr> min, mout;
-  explicit HandOffScene(uint32_t busy_poll_ns, uint32_t gap_ns = 0, uint64_t ack_hold_ns = 0)
+  // late_polls: EngineConfig::busy_poll_late_polls. 0 here (every late poll hands receive
+  // back), so that the scenes of the gap's measurement see each late poll; the forgiveness
+  // has tests of its own (LatePollTest).
+  explicit HandOffScene(uint32_t busy_poll_ns, uint32_t gap_ns = 0, uint64_t ack_hold_ns = 0,
+                        uint32_t late_polls = 0)
       : p([&] {
           EngineConfig ec;
           ec.busy_poll_ns = busy_poll_ns;
           if (gap_ns != 0) ec.busy_poll_gap_ns = gap_ns;
           ec.ack_hold_ns = ack_hold_ns;
+          ec.busy_poll_late_polls = late_polls;
           return ec;
         }()) {
     if (!p.a.eng || !p.b.eng) return;
@@ -559,6 +564,44 @@ struct HandOffScene {
     return c.size() == 1 && c[0].status == WcStatus::kSuccess;
   }
 };
+
+// One late empty poll (EngineConfig::busy_poll_late_polls = 1, the default) keeps the polls'
+// receive: a poll 80 ms after the last call (gap 20 ms) hands nothing back, and neither does
+// another after a poll within the gap (which clears the count). Mostly such a poll is the
+// application thread preempted, not an application that polls slower than the gap.
+TEST(LatePollTest, OneLatePollKeepsReceive) {
+  HandOffScene s(4'000'000'000u, 20'000'000u, 0, 1);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  Cqe c;
+  for (int round = 1; round <= 2; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);  // late
+    EXPECT_EQ(s.ctr(Ctr::kBusyPollLateForgiven), static_cast<uint64_t>(round));
+    EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);  // within the gap
+    EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u) << "round " << round;
+  }
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// Two late polls in a row hand receive back: an application that polls slower than the gap
+// does not hold its peer's packets (here the WRITE lands through a's progress thread, long
+// before the 4 s lease would run out).
+TEST(LatePollTest, TwoLatePollsInARowHandReceiveBack) {
+  HandOffScene s(4'000'000'000u, 20'000'000u, 0, 1);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  Cqe c;
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_EQ(s.p.a.rcq->poll(&c, 1), 0);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 1u);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLateForgiven), 1u);
+  EXPECT_TRUE(s.write_arrives(5));
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
 
 // A thread that leaves the data path (req_notify, get_cq_event, rdma_cm: left_data_path)
 // hands receive back at once: the WRITE lands although the polls' 4 s lease has not run out.
