@@ -58,6 +58,9 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 inline constexpr uint32_t kDefaultSpinUs = 20;
 // SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off's lease (EngineConfig::busy_poll_ns).
 inline constexpr uint32_t kDefaultBusyPollUs = 2000;
+// SOFTRNIC_BUSY_POLL_LATE default: late empty polls in a row that keep the polls' receive
+// (EngineConfig::busy_poll_late_polls).
+inline constexpr uint32_t kDefaultBusyPollLate = 1;
 // SOFTRNIC_TX_DEFER default: packets in flight at which a post waits for the next ACK.
 inline constexpr uint32_t kDefaultTxDefer = 1;
 // SOFTRNIC_ACK_HOLD_US default: how long an owed ACK waits for a post to carry it.
@@ -75,6 +78,8 @@ struct Config {
   Hosting hosting = Hosting::kAuto;          // SOFTRNIC_HOSTING (shim)
   uint32_t spin_us = kDefaultSpinUs;         // SOFTRNIC_SPIN_US (shim -> EngineConfig::spin_ns)
   uint32_t busy_poll_us = kDefaultBusyPollUs;  // SOFTRNIC_BUSY_POLL_US (shim -> busy_poll_ns)
+  // SOFTRNIC_BUSY_POLL_LATE (shim -> busy_poll_late_polls)
+  uint32_t busy_poll_late = kDefaultBusyPollLate;
   uint32_t tx_defer = kDefaultTxDefer;       // SOFTRNIC_TX_DEFER (shim -> defer_inflight)
   uint32_t ack_hold_us = kDefaultAckHoldUs;  // SOFTRNIC_ACK_HOLD_US (shim -> ack_hold_ns)
   uint32_t linger_us = kDefaultLingerUs;     // SOFTRNIC_LINGER_US (shim -> linger_ns)

@@ -193,6 +193,7 @@ int start_device(Host* h, const DaemonDevice* dd = nullptr, const daemon::Opened
                                                                   : gso_for(h->cfg_.gso, h->ip_);
   ec.spin_ns = h->cfg_.spin_us * 1000u;
   ec.busy_poll_ns = h->cfg_.busy_poll_us * 1000u;
+  ec.busy_poll_late_polls = h->cfg_.busy_poll_late;
   ec.defer_inflight = h->cfg_.tx_defer;
   ec.ack_hold_ns = h->cfg_.ack_hold_us * 1000ull;
   ec.linger_ns = h->cfg_.linger_us * 1000ull;

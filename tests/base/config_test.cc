@@ -94,6 +94,7 @@ TEST(Config, EmptyEnvironmentGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.mtu, 0u);
   EXPECT_EQ(c.spin_us, rnic::base::kDefaultSpinUs);
   EXPECT_EQ(c.busy_poll_us, rnic::base::kDefaultBusyPollUs);
+  EXPECT_EQ(c.busy_poll_late, rnic::base::kDefaultBusyPollLate);
   EXPECT_EQ(c.log, LogLevel::kError);
   EXPECT_EQ(c.log_file, "");
   EXPECT_EQ(c.pcap, "");
@@ -210,6 +211,11 @@ TEST(Config, SpinIsMicrosecondsUpToTenMilliseconds) {
 TEST(Config, BusyPollIsMicrosecondsUpToTenMilliseconds) {
   expect_u32_var("SOFTRNIC_BUSY_POLL_US", &Config::busy_poll_us, {"0", "1", "10", "10000"},
                  {"10001", "-1", "20us", ""});
+}
+
+TEST(Config, BusyPollLateIsPollsUpTo64) {
+  expect_u32_var("SOFTRNIC_BUSY_POLL_LATE", &Config::busy_poll_late, {"0", "1", "64"},
+                 {"65", "-1", "one", ""});
 }
 
 TEST(Config, TxDeferIsPacketsUpTo4096DefaultOne) {
