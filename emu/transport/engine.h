@@ -91,9 +91,9 @@ struct EngineConfig {
   // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
   // come further apart (busy_poll_late_polls + 1 late ones in a row), and at the latest when
-  // the lease runs out. A post counts as a poll
-  // for the gap (the application is in the library), renews the lease when it came within
-  // the gap of the last call, and, after a gap without a receive, receives as a poll would;
+  // the lease runs out. A post counts as a poll for the gap (the application is in the
+  // library), renews the lease when it came within the gap of the last call, and, after a
+  // gap without a receive, receives as a poll would;
   // it never takes receive (on_app_post). 0 = the progress thread always receives (the
   // default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
@@ -552,9 +552,9 @@ class Engine final : public TransportHooks {
   // measured from it, so a long call (a drain of megabytes, a requester run, a wait for a
   // send lock) is not a gap. 0: the application left the data path (left_data_path).
   std::atomic<uint64_t> last_app_call_ns_{0};
-  // The last receive done by an application's empty poll, or by a post (on_app_post).
   // Late empty polls in a row while the polls held receive (busy_poll_late_polls).
   std::atomic<uint32_t> late_polls_{0};
+  // The last receive done by an application's empty poll, or by a post (on_app_post).
   std::atomic<uint64_t> last_app_rx_ns_{0};
   // run_timers runs on one thread at a time: the progress thread's (blocking), a polling
   // application's while it holds receive (try_lock: on_poll_empty, on_app_post).
