@@ -77,12 +77,11 @@ const VarDecl kVars[] = {
      .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_BUSY_POLL_LATE", .type = VarType::kU32, .default_text = "`1`",
      .values = "0..64 (polls)",
-     .help = "busy-poll hand-off: this many empty polls in a row that come more than 50 us "
-             "after the application's last call keep receive with the polls (mostly the "
-             "application thread was preempted, not gone); the next one hands it back to the "
-             "progress thread, and a poll within 50 us starts the count again (counter "
-             "busy_poll_late_forgiven; 0: the first late poll hands receive back; "
-             "docs/progress.md)",
+     .help = "busy-poll hand-off: this many empty polls a lease (SOFTRNIC_BUSY_POLL_US) that "
+             "come more than 50 us after the application's last call keep receive with the "
+             "polls (mostly the application thread was preempted, not gone); the next one "
+             "hands it back to the progress thread (counter busy_poll_late_forgiven; 0: every "
+             "late poll hands receive back; docs/progress.md)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 64,
      .store = [](Config* c, const VarValue& v) { c->busy_poll_late = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_TX_DEFER", .type = VarType::kU32, .default_text = "`1`",

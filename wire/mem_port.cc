@@ -67,6 +67,8 @@ size_t MemNetwork::port_count() const {
 
 // ---- MemPort --------------------------------------------------------------------------
 
+int MemPort::wait_fd() const { return net_->signal_fds_ ? efd_ : -1; }
+
 MemPort::MemPort(MemNetwork* net, const Endpoint& ep, int efd, size_t depth)
     : net_(net), local_(ep), efd_(efd), ring_(depth) {}
 

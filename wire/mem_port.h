@@ -23,8 +23,8 @@ class MemNetwork {
   // queue_depth: datagrams each port can hold before further ones are dropped
   // (counted in that port's rx_dropped). max_datagram: larger datagrams are refused
   // (sender's tx_errors).
-  // signal_fds false: the ports' wait_fd never becomes readable and send/receive make no
-  // eventfd syscalls; only for a single-threaded benchmark that never waits on a port's fd
+  // signal_fds false: the ports have no wait_fd (-1) and send/receive make no eventfd
+  // syscalls; only for a single-threaded benchmark that never waits on a port's fd
   // (path_bench: the engine's own per-packet cost, without the hub's two syscalls a message).
   explicit MemNetwork(size_t queue_depth = 4096, uint32_t max_datagram = 65535,
                       bool signal_fds = true);
@@ -68,7 +68,8 @@ class MemPort final : public Port {
   ~MemPort() override;
 
   const Endpoint& local() const override { return local_; }
-  int wait_fd() const override { return efd_; }
+  // -1 on a hub without eventfds (MemNetwork signal_fds false): there is nothing to wait on.
+  int wait_fd() const override;
 
   // Datagrams waiting.
   size_t queued() const;

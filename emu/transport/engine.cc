@@ -1193,27 +1193,35 @@ void Engine::on_poll_empty(Cq& cq) {
     // poll, the end of its receive, a post).
     const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
     last_app_rx_ns_.store(now, std::memory_order_relaxed);
-    // A late poll (further than the gap from the last call) hands receive back unless the
-    // polls hold it and fewer than busy_poll_late_polls late ones came in a row before it.
+    // A late poll (further than the gap from the last call) hands receive back, unless the
+    // polls hold it and it is one of the first busy_poll_late_polls late ones within a
+    // lease (late_polls_, counted from late_window_ns_): a preempted application thread, not
+    // one that polls slower than the gap, which gives receive back at the latest at its
+    // second late poll in a lease. Never after left_data_path (prev 0: the application said
+    // it was leaving). A late poll never takes receive, forgiven or not.
     const bool late = !within_gap(now, prev);
     bool forgiven = false;
-    if (!late) {
-      if (late_polls_.load(std::memory_order_relaxed) != 0)
+    if (late && prev != 0 && !rx_watched_.load(std::memory_order_relaxed)) {
+      if (now - late_window_ns_.load(std::memory_order_relaxed) >= lease_ns()) {
+        late_window_ns_.store(now, std::memory_order_relaxed);
         late_polls_.store(0, std::memory_order_relaxed);
-    } else if (!rx_watched_.load(std::memory_order_relaxed)) {
+      }
       forgiven = late_polls_.fetch_add(1, std::memory_order_relaxed) < cfg_.busy_poll_late_polls;
       if (forgiven) ctr_.add(Ctr::kBusyPollLateForgiven);
     }
     if (late && !forgiven) {
       hand_back_rx(false);
     } else {
-      // Taken (again: a drain handed it back), or held.
-      if (rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false)) {
+      // Taken (again: a drain handed it back), or held. (A forgiven poll that finds receive
+      // handed back meanwhile, by a lease end or a drain, does not take it.)
+      if (!late && rx_watched_.load(std::memory_order_relaxed) && set_rx_watched(false)) {
         ctr_.add(Ctr::kBusyPollTaken);
         park_timerfd();
       }
-      renew_lease(now);
-      owned = true;
+      if (!late || !rx_watched_.load(std::memory_order_relaxed)) {
+        renew_lease(now);
+        owned = true;
+      }
     }
   }
   receive_for_app(owned, now, owned);

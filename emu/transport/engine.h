@@ -90,7 +90,7 @@ struct EngineConfig {
   // back to the progress thread (hand_back_rx) when a poll returns a completion that left its
   // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
-  // come further apart (busy_poll_late_polls + 1 late ones in a row), and at the latest when
+  // come further apart (busy_poll_late_polls + 1 late ones in a lease), and at the latest when
   // the lease runs out. A post counts as a poll for the gap (the application is in the
   // library), renews the lease when it came within the gap of the last call, and, after a
   // gap without a receive, receives as a poll would;
@@ -102,15 +102,16 @@ struct EngineConfig {
   // to) the progress thread; an application polling every millisecond would otherwise hold
   // the peer's ACKs that long. Tests under a sanitizer widen it (a poll there can take longer).
   uint32_t busy_poll_gap_ns = 50'000;
-  // Late empty polls in a row (each further than busy_poll_gap_ns from the call before) that
-  // the polls' receive survives: the next one hands it back. A poll within the gap clears the
-  // count. With 0, one late poll hands receive back. 1 (the default): one late poll is
-  // forgiven, since a single late one is mostly the application thread preempted (four busy
-  // threads on two cores: ib_send_bw -q 4's sender handed receive back ~140 times a second,
-  // its progress thread woke for each, took a core from the application, and the next poll
-  // took receive again: two epoll_ctl). An application that really polls slower than the gap
-  // loses receive at its second late poll; the lease still bounds how long receive stays
-  // parked without a call.
+  // Late empty polls (each further than busy_poll_gap_ns from the call before) that the
+  // polls' receive survives within one lease (lease_ns(), from the first of them): the next
+  // one hands it back. With 0, every late poll hands receive back. 1 (the default): one late
+  // poll a lease is forgiven, since a single late one is mostly the application thread
+  // preempted (four busy threads on two cores: ib_send_bw -q 4's sender handed receive back
+  // ~50 times a second, its progress thread woke for each, took a core from the
+  // application, and the next poll took receive again: two epoll_ctl). An application that
+  // really polls slower than the gap gives receive back at its second late poll in a lease
+  // at the latest. A late poll never takes receive, and none after left_data_path is
+  // forgiven.
   uint32_t busy_poll_late_polls = 1;
   // Adaptive busy polling in the progress thread (SOFTRNIC_SPIN_US): after it received
   // traffic, it keeps polling the port (non-blocking, yielding the CPU between polls) until
@@ -552,8 +553,10 @@ class Engine final : public TransportHooks {
   // measured from it, so a long call (a drain of megabytes, a requester run, a wait for a
   // send lock) is not a gap. 0: the application left the data path (left_data_path).
   std::atomic<uint64_t> last_app_call_ns_{0};
-  // Late empty polls in a row while the polls held receive (busy_poll_late_polls).
+  // Late empty polls while the polls held receive, in the lease-long window that began at
+  // late_window_ns_ (busy_poll_late_polls).
   std::atomic<uint32_t> late_polls_{0};
+  std::atomic<uint64_t> late_window_ns_{0};
   // The last receive done by an application's empty poll, or by a post (on_app_post).
   std::atomic<uint64_t> last_app_rx_ns_{0};
   // run_timers runs on one thread at a time: the progress thread's (blocking), a polling

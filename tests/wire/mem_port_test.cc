@@ -87,8 +87,9 @@ TEST_F(MemPortTest, BatchDeliveredInOrderWithAddresses) {
   EXPECT_EQ(ca.tx_bytes, cb.rx_bytes);
 }
 
-// A hub without eventfds (path_bench's): datagrams arrive as usual, the fds never signal.
-TEST(MemPortNoSignal, DeliversWithoutMakingTheFdReadable) {
+// A hub without eventfds (path_bench's): datagrams arrive as usual, and the ports have no fd
+// to wait on (an engine's epoll would otherwise sleep on one that never signals).
+TEST(MemPortNoSignal, DeliversWithoutAWaitFd) {
   MemNetwork net(64, 65535, /*signal_fds=*/false);
   auto a = net.attach(ep("127.0.0.2", 4791));
   auto b = net.attach(ep("127.0.0.3", 4791));
@@ -98,12 +99,11 @@ TEST(MemPortNoSignal, DeliversWithoutMakingTheFdReadable) {
   TxDesc t{b->local(), pkt.data(), uint32_t(pkt.size()), 0};
   ASSERT_EQ(a->send_batch(std::span<const TxDesc>(&t, 1)), 1);
   EXPECT_EQ(b->queued(), 1u);
-  EXPECT_FALSE(readable(b->wait_fd()));
+  EXPECT_EQ(b->wait_fd(), -1);
   RxBufs rx(2);
   ASSERT_EQ(b->recv_batch(rx.descs), 1);
   EXPECT_EQ(std::vector<uint8_t>(rx.descs[0].buf, rx.descs[0].buf + rx.descs[0].len), pkt);
   EXPECT_EQ(b->recv_batch(rx.descs), 0);
-  EXPECT_FALSE(readable(b->wait_fd()));
 }
 
 TEST_F(MemPortTest, UnknownDestinationDroppedAndCounted) {
