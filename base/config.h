@@ -58,7 +58,7 @@ enum class PinMode : uint8_t { kShadow = 0, kDirect };
 inline constexpr uint32_t kDefaultSpinUs = 20;
 // SOFTRNIC_BUSY_POLL_US default: the busy-poll hand-off's lease (EngineConfig::busy_poll_ns).
 inline constexpr uint32_t kDefaultBusyPollUs = 2000;
-// SOFTRNIC_BUSY_POLL_LATE default: late empty polls in a row that keep the polls' receive
+// SOFTRNIC_BUSY_POLL_LATE default: late empty polls per lease that keep the polls' receive
 // (EngineConfig::busy_poll_late_polls).
 inline constexpr uint32_t kDefaultBusyPollLate = 1;
 // SOFTRNIC_TX_DEFER default: packets in flight at which a post waits for the next ACK.

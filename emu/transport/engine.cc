@@ -1202,7 +1202,9 @@ void Engine::on_poll_empty(Cq& cq) {
     const bool late = !within_gap(now, prev);
     bool forgiven = false;
     if (late && prev != 0 && !rx_watched_.load(std::memory_order_relaxed)) {
-      if (now - late_window_ns_.load(std::memory_order_relaxed) >= lease_ns()) {
+      const uint64_t w = late_window_ns_.load(std::memory_order_relaxed);
+      // Signed: another thread may have opened a window after this poll read its clock.
+      if (w == 0 || static_cast<int64_t>(now - w) >= static_cast<int64_t>(lease_ns())) {
         late_window_ns_.store(now, std::memory_order_relaxed);
         late_polls_.store(0, std::memory_order_relaxed);
       }
