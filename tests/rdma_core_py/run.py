@@ -172,8 +172,9 @@ def unpack(dest):
 # The suite draws its sizes and offsets with `random`, unseeded upstream: a run was not
 # repeatable, and rdma-core 44's DMTest.test_dm_read errs on one draw in 16,383 with this
 # device's max_dm_size (dm_len = 4, then randrange(4, 4, 4) raises ValueError: a bug of the
-# test, not a finding). The child seeds it: SOFTRNIC_PYVERBS_SEED (an integer), default
+# test, not a finding). The child seeds it: RDMA_CORE_PY_SEED (an integer), default
 # DEFAULT_SEED, so every run draws the same and a failure can be replayed; the seed is printed.
+# (Not a SOFTRNIC_ variable: the shim in the child would warn that it does not know it.)
 DEFAULT_SEED = 4791
 
 
@@ -181,9 +182,9 @@ def child(tdir, out, pattern):
     """Runs in the child python: the suite with a result collector, JSON to `out`."""
     import random
     import unittest
-    seed = int(os.environ.get('SOFTRNIC_PYVERBS_SEED', DEFAULT_SEED))
+    seed = int(os.environ.get('RDMA_CORE_PY_SEED', DEFAULT_SEED))
     random.seed(seed)
-    print('rdma_core_py: random seed %d (SOFTRNIC_PYVERBS_SEED)' % seed, file=sys.stderr)
+    print('rdma_core_py: random seed %d (RDMA_CORE_PY_SEED)' % seed, file=sys.stderr)
     sys.path.insert(0, tdir)
     sys.path.insert(0, os.path.dirname(tdir))
     sys.argv = ['run_tests.py', '--dev', DEV]
