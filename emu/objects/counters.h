@@ -111,6 +111,9 @@ enum class Ctr : uint8_t {
   kBusyPollLateForgiven,  // busy_poll_late_forgiven (ours): empty polls further apart than
                           // the busy-poll gap that kept the polls' receive
                           // (EngineConfig::busy_poll_late_polls)
+  kBusyPollLeaseKept,     // busy_poll_lease_kept (ours): looks at a run-out lease that kept
+                          // it, the thread that renewed it last waiting for a CPU
+                          // (Engine::lease_holder_waits)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

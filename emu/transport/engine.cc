@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -259,6 +260,7 @@ Engine::~Engine() {
   if (timer_fd_ >= 0) close(timer_fd_);
   if (event_fd_ >= 0) close(event_fd_);
   if (defer_fd_ >= 0) close(defer_fd_);
+  if (probe_.fd >= 0) close(probe_.fd);
   if (loadavg_fd_ >= 0) close(loadavg_fd_);
 }
 
@@ -325,9 +327,14 @@ void Engine::progress_loop() {
       // watch the socket again (level-triggered: anything that arrived meanwhile wakes us at
       // once), drain it now. Either way run the timers that fell due while parked (run_timers
       // re-arms the timerfd through arm_locked once receive is ours).
+      // A lease whose holder was preempted is kept on probation (lease_holder_waits).
       const uint64_t lease = lease_end_ns_.load(std::memory_order_acquire);
-      if (wire::monotonic_ns() < lease) {
+      const uint64_t now = wire::monotonic_ns();
+      if (now < lease) {
+        probe_.since_ns = 0;
         arm_defer(lease);
+      } else if (!rx_watched_.load(std::memory_order_acquire) && lease_holder_waits(now, lease)) {
+        ctr_.add(Ctr::kBusyPollLeaseKept);
       } else if (!rx_watched_.load(std::memory_order_acquire)) {
         if (set_rx_watched(true)) {
           ctr_.add(Ctr::kBusyPollLeaseEnded);
@@ -1233,13 +1240,101 @@ void Engine::renew_lease(uint64_t now_ns) {
   // Only when half of it is gone: each renewal is a timerfd_settime (arm_defer).
   const uint64_t lease = lease_ns();
   if (lease_end_ns_.load(std::memory_order_relaxed) < now_ns + lease / 2) {
+    static thread_local int32_t t_tid = static_cast<int32_t>(gettid());
+    lease_tid_.store(t_tid, std::memory_order_relaxed);
     lease_end_ns_.store(now_ns + lease, std::memory_order_release);
     arm_defer(now_ns + lease);
   }
 }
 
+namespace {
+// The scheduler state of a thread of ours: the letter after the ")" that ends the command
+// name in /proc/self/task/<tid>/stat ('R': running or runnable), read again through `fd`;
+// 0 when it cannot be read (the thread is gone).
+char task_state(int fd) {
+  char buf[512];
+  const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* close_paren = std::strrchr(buf, ')');  // the name may hold ')' itself
+  if (close_paren == nullptr || close_paren[1] != ' ') return 0;
+  return close_paren[2];
+}
+
+// CPU time of a thread of this process (its CPU-time clock: what glibc's
+// pthread_getcpuclockid builds, from the kernel tid, which needs no pthread_t that may be
+// gone); false once the thread is.
+bool thread_cpu_ns(int32_t tid, uint64_t* ns) {
+  const clockid_t clk = static_cast<clockid_t>((~static_cast<uint32_t>(tid) << 3) | 6u);
+  timespec ts{};
+  if (clock_gettime(clk, &ts) != 0) return false;
+  *ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+  return true;
+}
+}  // namespace
+
+bool Engine::lease_holder_waits(uint64_t now_ns, uint64_t lease_end_ns) {
+  // Why: where every core is busy (ib_send_bw -q 4: two processes, each an application
+  // thread and a progress thread, on two cores), the application thread in its loop is
+  // preempted now and then, or is inside a call of ours longer than the lease's renewal
+  // allows (a receive of megabytes and the requester runs its ACKs release). Its lease ran
+  // out ~35 times a second; each time this thread took receive, woke for every ACK, ran the
+  // requesters they released and took a core from the applications, until an empty poll
+  // took receive back. A 10 ms lease instead of 2 ms gave 8-14% more bandwidth
+  // (docs/progress.md), but would keep a departed application's receive parked five times
+  // longer: the scheduler says which it is.
+  LeaseProbe& p = probe_;
+  if (p.lease_end_ns != lease_end_ns) {  // renewed since the last look: a new probation
+    p.lease_end_ns = lease_end_ns;
+    p.since_ns = 0;
+    p.looked = false;
+  }
+  const uint64_t bound = 4 * lease_ns();
+  const uint64_t probe = 4 * uint64_t{cfg_.busy_poll_gap_ns};
+  if (p.since_ns != 0 && now_ns - p.since_ns >= bound) return false;
+  // An application thread is inside a call of ours (an empty poll's receive, a post): the
+  // application is in its loop, whatever the scheduler says of the thread that renewed.
+  const uint64_t in_call = app_call_since_ns_.load(std::memory_order_relaxed);
+  if (in_call != 0 && static_cast<int64_t>(now_ns - in_call) < static_cast<int64_t>(bound)) {
+    if (p.since_ns == 0) p.since_ns = now_ns;
+    p.looked = false;  // the CPU time is read afresh at the next look
+    arm_defer(now_ns + lease_ns() / 2);
+    return true;
+  }
+  const int32_t tid = lease_tid_.load(std::memory_order_relaxed);
+  if (tid <= 0) return false;
+  if (p.tid != tid || p.fd < 0) {
+    if (p.fd >= 0) close(p.fd);
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/self/task/%d/stat", static_cast<int>(tid));
+    p.fd = open(path, O_RDONLY | O_CLOEXEC);
+    p.tid = tid;
+    p.looked = false;
+    if (p.fd < 0) return false;  // gone, or /proc not mounted: as before, receive goes back
+  }
+  uint64_t cpu = 0;
+  const char state = task_state(p.fd);
+  if (state != 'R' || !thread_cpu_ns(tid, &cpu)) {  // asleep (outside our calls), or gone
+    if (state == 0) {
+      close(p.fd);
+      p.fd = -1;
+    }
+    return false;
+  }
+  // Runnable: running without a call, or waiting for a CPU. One look cannot tell; the CPU
+  // time it gains until the next look (a probe later) can.
+  if (p.looked && cpu - p.cpu_ns >= 2 * uint64_t{cfg_.busy_poll_gap_ns}) return false;  // ran
+  if (p.since_ns == 0) p.since_ns = now_ns;
+  p.looked = true;
+  p.cpu_ns = cpu;
+  arm_defer(now_ns + probe);
+  return true;
+}
+
 void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
+  if (owned) app_call_since_ns_.store(now_ns, std::memory_order_relaxed);
   const int got = try_poll_rx(64);
+  if (owned) app_call_since_ns_.store(0, std::memory_order_relaxed);
   // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
   // ACKs release): an application in its loop is in the library until here, so the gap to
   // its next call, and the lease, count from here. Measured from the poll's start, a drain of
@@ -1287,6 +1382,8 @@ void Engine::on_app_post() {
   //   lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
+  if (app_call_since_ns_.load(std::memory_order_relaxed) != 0)  // on_app_enter's
+    app_call_since_ns_.store(0, std::memory_order_relaxed);
   if (!app_post_counts()) return;
   const uint64_t now = wire::monotonic_ns();
   const uint64_t prev = last_app_call_ns_.exchange(now, std::memory_order_relaxed);
@@ -1312,6 +1409,7 @@ void Engine::on_app_enter() {
   // receive parked for good).
   if (!app_post_counts()) return;
   const uint64_t now = wire::monotonic_ns();
+  app_call_since_ns_.store(now, std::memory_order_relaxed);  // until on_app_post
   if (within_gap(now, last_app_call_ns_.load(std::memory_order_relaxed))) stamp_call(now);
 }
 

@@ -91,7 +91,8 @@ struct EngineConfig {
   // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
   // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
   // come further apart (busy_poll_late_polls + 1 late ones in a lease), and at the latest when
-  // the lease runs out. A post counts as a poll for the gap (the application is in the
+  // the lease runs out, unless an application thread is inside a call of ours or the thread
+  // that renewed it waits for a CPU (lease_holder_waits). A post counts as a poll for the gap (the application is in the
   // library), renews the lease when it came within the gap of the last call, and, after a
   // gap without a receive, receives as a poll would;
   // it never takes receive (on_app_post). 0 = the progress thread always receives (the
@@ -546,6 +547,30 @@ class Engine final : public TransportHooks {
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
+  // The thread (kernel tid) whose call last renewed the lease: at its end, the progress
+  // thread asks the scheduler whether that thread was waiting for a CPU (lease_holder_waits).
+  std::atomic<int32_t> lease_tid_{0};
+  // At the lease's end (progress thread only): true when the lease is kept, to be looked at
+  // again (re-armed here): an application thread is inside a call of ours
+  // (app_call_since_ns_), or the thread that renewed the lease last is runnable and gained
+  // less than 2 poll gaps of CPU time since the last look (4 gaps before: it waits for a
+  // CPU, preempted; its calls did not stop, the scheduler stopped them). For at most 4
+  // leases in a row. False (receive goes back): that thread sleeps outside our calls (at
+  // once, without a second look), ran without a call, or is gone.
+  bool lease_holder_waits(uint64_t now_ns, uint64_t lease_end_ns);
+  struct LeaseProbe {           // progress thread only
+    int fd = -1;                // /proc/self/task/<tid>/stat
+    int32_t tid = 0;
+    bool looked = false;        // cpu_ns holds tid's CPU time at this probation's last look
+    uint64_t lease_end_ns = 0;  // the run-out lease this probation is for
+    uint64_t since_ns = 0;      // when it began (0: none)
+    uint64_t cpu_ns = 0;
+  } probe_;
+  // An application thread's call that can outlast the lease began then (0: none in): an
+  // empty poll's or a post's receive (receive_for_app), a post_send while the polls hold
+  // receive (on_app_enter .. on_app_post). One word for all threads: a heuristic for
+  // lease_holder_waits, which bounds what it believes.
+  std::atomic<uint64_t> app_call_since_ns_{0};
   // The application was last seen in the library then: an empty poll's start (whenever busy
   // polling is allowed), and, while its polls hold receive, a post's end (on_app_post), the
   // start of a post_send that came within the gap (on_app_enter), and the end of a receive

@@ -2,6 +2,10 @@
 // progress threads on): every operation x RC/UC/UD where legal, sizes 0, 1, MTU-1, MTU,
 // MTU+1 and 1 MiB, single and multi-SGE, memory checked byte for byte with guard bands.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -642,6 +646,123 @@ TEST(LatePollTest, EachLeaseForgivesOneLatePoll) {
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLateForgiven), 2u);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
+}
+
+// What the progress thread does when the polls' lease runs out (Engine::lease_holder_waits):
+// it looks at the thread whose call renewed the lease last, and takes receive only when that
+// thread slept, or ran without a call, or is inside no call of ours. Lease 40 ms, gap 1 ms:
+// a look every 4 ms (4 gaps), "ran" means 2 ms of CPU, "waited" 2 ms on a run queue, and a
+// probation lasts 160 ms (4 leases) at most.
+struct LeaseScene : HandOffScene {
+  LeaseScene() : HandOffScene(40'000'000u, 1'000'000u) {}
+  // Waits (2 s at most) until `pred` holds.
+  template <class F>
+  static bool wait_for(F pred) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!pred() && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return pred();
+  }
+};
+
+// A holder that sleeps outside our calls loses the lease at the first look: it is not
+// runnable (/proc/self/task/<tid>/stat), and the WRITE lands through the progress thread.
+TEST(LeaseEndTest, ASleepingHolderLosesTheLeaseAtOnce) {
+  LeaseScene s;
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the lease and a probation
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseKept), 0u);
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollReturned), 0u);
+  EXPECT_TRUE(s.write_arrives(31));
+}
+
+// A holder that runs without a call (it waits on memory, or computes) is runnable too: the
+// first look keeps the lease, a later one sees it gained CPU time and ends it, long before
+// the probation's bound (160 ms, 40 looks). Reading "runnable" as "preempted" kept it ~40
+// looks.
+TEST(LeaseEndTest, AHolderRunningWithoutACallLosesTheLease) {
+  LeaseScene s;
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (s.ctr(Ctr::kBusyPollLeaseEnded) == 0 && std::chrono::steady_clock::now() < end) {
+  }  // spins, calling nothing
+  EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 1u);
+  EXPECT_GE(s.ctr(Ctr::kBusyPollLeaseKept), 1u);
+  EXPECT_LT(s.ctr(Ctr::kBusyPollLeaseKept), 20u);
+  EXPECT_TRUE(s.write_arrives(33));
+}
+
+// A holder that is runnable but gets no CPU (preempted: here pinned to one CPU at nice 19
+// beside a spinning thread at nice 0) keeps the lease look after look; once it runs without a
+// call (the spinner gone), or the probation's bound passes, the lease ends. Before, the lease
+// ran out under every such preemption: where every core is busy (ib_send_bw -q 4), the
+// progress thread then took receive and a core from the applications.
+TEST(LeaseEndTest, AHolderWaitingForACpuKeepsTheLease) {
+  LeaseScene s;
+  ASSERT_TRUE(s.qa && s.qb);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  std::atomic<bool> hog_go{true}, holder_go{true}, taken{false};
+  std::atomic<int> hog_ready{0};
+  std::thread hog([&] {
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+    hog_ready.store(1);
+    while (hog_go.load(std::memory_order_relaxed)) {
+    }
+  });
+  while (hog_ready.load() == 0) std::this_thread::yield();
+  std::thread holder([&] {
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+    taken.store(s.take());
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+    while (holder_go.load(std::memory_order_relaxed)) {  // spins, calling nothing
+    }
+  });
+  const bool kept = LeaseScene::wait_for([&] {
+    return s.ctr(Ctr::kBusyPollLeaseKept) >= 3 || s.ctr(Ctr::kBusyPollLeaseEnded) != 0;
+  });
+  const uint64_t ended_while_starved = s.ctr(Ctr::kBusyPollLeaseEnded);
+  const uint64_t kept_n = s.ctr(Ctr::kBusyPollLeaseKept);
+  hog_go.store(false);
+  hog.join();
+  // Alone on its CPU now, the holder runs without a call: the lease ends.
+  const bool ended = LeaseScene::wait_for([&] { return s.ctr(Ctr::kBusyPollLeaseEnded) != 0; });
+  holder_go.store(false);
+  holder.join();
+  ASSERT_TRUE(taken.load());
+  EXPECT_TRUE(kept);
+  EXPECT_EQ(ended_while_starved, 0u) << "the lease ended under a preempted holder";
+  EXPECT_GE(kept_n, 3u);
+  EXPECT_TRUE(ended);
+  EXPECT_TRUE(s.write_arrives(32));
+}
+
+// A holder inside a call of ours (a post_send waiting 150 ms for its QP's send lock, asleep)
+// keeps the lease past its end (40 ms): the application is in its loop. Once the post is
+// done and the holder sleeps outside the library, the lease ends.
+TEST(LeaseEndTest, AHolderInsideAPostKeepsTheLease) {
+  HandOffScene s(40'000'000u, 30'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  std::unique_lock held(s.qa->send_mutex());
+  bool posted = false;
+  std::thread poster([&] { posted = s.a_post_write().is_ok(); });  // within the gap: stamped
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const uint64_t ended_in_post = s.ctr(Ctr::kBusyPollLeaseEnded);
+  const uint64_t kept_in_post = s.ctr(Ctr::kBusyPollLeaseKept);
+  held.unlock();
+  poster.join();
+  EXPECT_TRUE(posted);
+  EXPECT_EQ(ended_in_post, 0u) << "the lease ended under a post";
+  EXPECT_GE(kept_in_post, 1u);
+  EXPECT_TRUE(LeaseScene::wait_for([&] { return s.ctr(Ctr::kBusyPollLeaseEnded) == 1; }));
+  auto done = poll_n(*s.p.a.scq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
 }
 
 // A thread that leaves the data path (req_notify, get_cq_event, rdma_cm: left_data_path)
