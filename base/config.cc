@@ -71,10 +71,11 @@ const VarDecl kVars[] = {
              "50 us apart), its polls receive and run the timers, and the progress thread "
              "sleeps; it takes receive back when a QP's last work request completes with no "
              "answer in, when the application waits for a completion event or calls rdma_cm, "
-             "and at the latest this long after the polls stop, unless the thread that "
-             "polled is still inside a call or waits for a CPU (then it looks again, for up "
-             "to 4 times as long; counter busy_poll_lease_kept) (0: the progress thread "
-             "always receives; docs/progress.md)",
+             "and at the latest this long after the polls stop, unless an application "
+             "thread is inside a call of ours (a poll's receive, a post) or the thread that "
+             "polled last waits for a CPU: then it looks again, for up to 4 such times more "
+             "(counter busy_poll_lease_kept) (0: the progress thread always receives; "
+             "docs/progress.md)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 10000,
      .store = [](Config* c, const VarValue& v) { c->busy_poll_us = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_BUSY_POLL_LATE", .type = VarType::kU32, .default_text = "`1`",

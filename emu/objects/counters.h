@@ -112,8 +112,8 @@ enum class Ctr : uint8_t {
                           // the busy-poll gap that kept the polls' receive
                           // (EngineConfig::busy_poll_late_polls)
   kBusyPollLeaseKept,     // busy_poll_lease_kept (ours): looks at a run-out lease that kept
-                          // it, the thread that renewed it last waiting for a CPU
-                          // (Engine::lease_holder_waits)
+                          // it: an application thread inside a call of ours, or the thread
+                          // that renewed it last waiting for a CPU (Engine::lease_holder_waits)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

@@ -545,9 +545,15 @@ Status Qp::validate_send_wr(const SendWr& wr) const {
 
 Status Qp::post_send(const SendWr* wrs, int n, int* bad) {
   if (TransportHooks* h = dev_->hooks()) h->on_app_enter();
-  const Status st = queue_send(wrs, n, bad);
-  if (TransportHooks* h = dev_->hooks()) h->on_app_post();
-  return st;
+  // on_app_post ends what on_app_enter began (the engine's "inside a call" mark), on an
+  // exception too.
+  struct Leave {
+    Device* dev;
+    ~Leave() {
+      if (TransportHooks* h = dev->hooks()) h->on_app_post();
+    }
+  } leave{dev_};
+  return queue_send(wrs, n, bad);
 }
 
 Status Qp::queue_send(const SendWr* wrs, int n, int* bad) {

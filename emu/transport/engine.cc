@@ -327,14 +327,32 @@ void Engine::progress_loop() {
       // watch the socket again (level-triggered: anything that arrived meanwhile wakes us at
       // once), drain it now. Either way run the timers that fell due while parked (run_timers
       // re-arms the timerfd through arm_locked once receive is ours).
-      // A lease whose holder was preempted is kept on probation (lease_holder_waits).
+      // A run-out lease is kept while an application thread is inside a call of ours or the
+      // thread that renewed it waits for a CPU (lease_holder_waits). Then the timers stay
+      // parked for the polls that come back: a retransmit timer run now, with its ACK unread
+      // in the parked socket, would resend for nothing. Only held ACKs that fell due go
+      // (the peer probes after 200 us), unless a receive in progress holds the lock: its
+      // batch's end sends them.
       const uint64_t lease = lease_end_ns_.load(std::memory_order_acquire);
       const uint64_t now = wire::monotonic_ns();
+      bool kept = false;
       if (now < lease) {
         probe_.since_ns = 0;
         arm_defer(lease);
       } else if (!rx_watched_.load(std::memory_order_acquire) && lease_holder_waits(now, lease)) {
         ctr_.add(Ctr::kBusyPollLeaseKept);
+        kept = true;
+        const uint64_t h = held_deadline_ns_.load(std::memory_order_acquire);
+        if (h != 0 && h <= now) {
+          std::unique_lock lk(rx_mu_, std::try_to_lock);
+          if (lk.owns_lock() && rx_tx_) {
+            release_held_acks_locked(now);
+            flush(*rx_tx_);
+          }
+        }
+      } else if (const uint64_t again = lease_end_ns_.load(std::memory_order_acquire);
+                 again != lease && wire::monotonic_ns() < again) {
+        arm_defer(again);  // renewed while lease_holder_waits looked: sleep on
       } else if (!rx_watched_.load(std::memory_order_acquire)) {
         if (set_rx_watched(true)) {
           ctr_.add(Ctr::kBusyPollLeaseEnded);
@@ -347,7 +365,7 @@ void Engine::progress_loop() {
         }
         rx = true;
       }
-      timer = true;
+      if (!kept) timer = true;
     }
     int got = 0;
     if (rx) {
@@ -1240,8 +1258,9 @@ void Engine::renew_lease(uint64_t now_ns) {
   // Only when half of it is gone: each renewal is a timerfd_settime (arm_defer).
   const uint64_t lease = lease_ns();
   if (lease_end_ns_.load(std::memory_order_relaxed) < now_ns + lease / 2) {
-    static thread_local int32_t t_tid = static_cast<int32_t>(gettid());
-    lease_tid_.store(t_tid, std::memory_order_relaxed);
+    // gettid each time (once per half lease): a cached one would be the parent's in a
+    // forked child.
+    lease_tid_.store(static_cast<int32_t>(gettid()), std::memory_order_relaxed);
     lease_end_ns_.store(now_ns + lease, std::memory_order_release);
     arm_defer(now_ns + lease);
   }
@@ -1333,29 +1352,38 @@ bool Engine::lease_holder_waits(uint64_t now_ns, uint64_t lease_end_ns) {
 
 void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
   if (owned) app_call_since_ns_.store(now_ns, std::memory_order_relaxed);
+  const uint64_t held = held_deadline_ns_.load(std::memory_order_relaxed);
   const int got = try_poll_rx(64);
-  if (owned) app_call_since_ns_.store(0, std::memory_order_relaxed);
-  // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
-  // ACKs release): an application in its loop is in the library until here, so the gap to
-  // its next call, and the lease, count from here. Measured from the poll's start, a drain of
-  // a few megabytes outlasted the gap: the next empty poll handed receive back, and the lease
-  // ran out with the application polling (ib_send_bw -q 4's receiver, docs/progress.md). Not
-  // when on_app_post's end-to-end check failed (`in_loop` false: a post that came later than
-  // the gap, or a post_send whose own run was longer, which on_app_enter stamped at its
-  // start): its receive does not make it back to back. Only after a receive that got
-  // datagrams: an empty look is short, and a busy poll makes one after another (a clock read
-  // each).
-  if (got > 0 && in_loop && !rx_watched_.load(std::memory_order_relaxed))
-    stamp_call(wire::monotonic_ns());
   // The timers are parked while the polls hold receive (arm_locked): run what fell due.
+  bool ran_timers = false;
   if (owned && armed_ns_.load(std::memory_order_acquire) <= now_ns &&
       !rx_watched_.load(std::memory_order_acquire)) {
     std::unique_lock lk(run_timers_mu_, std::try_to_lock);
     if (lk.owns_lock()) {
       ctr_.add(Ctr::kTimersOnPoll);
       run_timers_locked(now_ns);
+      ran_timers = true;
     }
   }
+  if (owned) app_call_since_ns_.store(0, std::memory_order_relaxed);
+  // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
+  // ACKs release), and so can what a look without datagrams does (held ACKs that fell due,
+  // waiting for their QP's receive lock) and the timers the poll runs (an RNR or retransmit timer
+  // resends a window: 400-800 us of sendmmsg in ib_send_bw -q 4): an application in its loop
+  // is in the library until here, so the gap to its next call, and the lease, count from
+  // here. Measured from the poll's start, a drain of a few megabytes outlasted the gap: the
+  // next empty poll handed receive back, and the lease ran out with the application polling
+  // (ib_send_bw -q 4's receiver, docs/progress.md). Stamped only after a receive that got
+  // datagrams, -q 4's sender still handed receive back ~60 times a second, each time after
+  // 370-800 us spent running inside such a poll (its timers). Not when on_app_post's end-to-end check
+  // failed (`in_loop` false: a post that came later than the gap, or a post_send whose own
+  // run was longer, which on_app_enter stamped at its start): its receive does not make it
+  // back to back. Only after a look that did more than look (datagrams, held ACKs due, a
+  // timer run): a plain empty look is short, and a busy poll makes one after another (a
+  // clock read more each cost ib_write_lat 2%, 5 of 6 pairs).
+  const bool worked = got > 0 || ran_timers || (held != 0 && held <= now_ns);
+  if (worked && in_loop && !rx_watched_.load(std::memory_order_relaxed))
+    stamp_call(wire::monotonic_ns());
 }
 
 bool Engine::app_post_counts() const {

@@ -2,6 +2,7 @@
 // check of docs/checks.md §2.3 (MR and MW paths), S15 MW bind rules (each named, with its status),
 // S12/S13/S14 window semantics, S17 dereg while bound, rereg, reg_mr flag rules.
 #include <gtest/gtest.h>
+#include <chrono>
 
 #include <atomic>
 #include <cstring>
@@ -288,7 +289,15 @@ TEST_F(Protection, ViewIsNeverTornAcrossReregs) {
       seen.fetch_add(1, std::memory_order_relaxed);
     }
   });
-  for (int i = 0; i < 2000; ++i) {
+  // The reader races the reregs: it has started before the first, and the reregs go on (2000
+  // at least, 5 s at most) until it has read 1000 views among them. (On a loaded machine the
+  // reader once got no CPU before 2000 reregs were done, and the test read nothing.)
+  while (seen.load() == 0) std::this_thread::yield();
+  const uint64_t seen0 = seen.load();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (int i = 0; i < 2000 || (seen.load() - seen0 < 1000 &&
+                               std::chrono::steady_clock::now() < until);
+       ++i) {
     const bool to_b = i % 2 == 0;
     ASSERT_TRUE(env.dev->rereg_mr(mr, kReregChangeTranslation | kReregChangeAccess, nullptr,
                                   to_b ? base() + 1024 : base(), to_b ? 512 : 1024,
@@ -298,9 +307,10 @@ TEST_F(Protection, ViewIsNeverTornAcrossReregs) {
     EXPECT_EQ(v.key, mr->lkey());
     EXPECT_EQ(v.length, to_b ? 512u : 1024u);
   }
+  const uint64_t raced = seen.load() - seen0;
   stop = true;
   reader.join();
-  EXPECT_GT(seen.load(), 0u);
+  EXPECT_GE(raced, 1000u);
   EXPECT_EQ(torn.load(), 0u);
 }
 
