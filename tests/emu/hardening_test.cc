@@ -270,6 +270,26 @@ TEST_F(Hardening, S19_ReregMidMultiPacketWriteStopsTheRest) {
   EXPECT_TRUE(other.mem == other_before) << "a byte landed in the MR's new pages";
 }
 
+// An access-only rereg keeps the rkey: S's MR loses REMOTE_WRITE from inside packet 4's
+// write. Packet 5's re-check sees the new rights (the key alone would pass): it is refused
+// (NAK 0x62, C: REM_ACCESS_ERR) and nothing lands after 4 KiB.
+TEST_F(Hardening, S19_AccessReregMidMultiPacketWriteStopsTheRest) {
+  const auto before = std::vector<uint8_t>(tbuf.mem.begin(), tbuf.mem.end());
+  const uint32_t key = mt->rkey();
+  auto hm = hook_target(s, tbuf, mt, [&] {
+    EXPECT_TRUE(s.dev->rereg_mr(mt, kReregChangeAccess, nullptr, 0, 0, kAccessLocalWrite).is_ok());
+  });
+  hm->fire_write = 4;
+  ASSERT_TRUE(post_rw(WrOpcode::kRdmaWrite, 1, 16 * 1024).is_ok());
+  run();
+  fire_timers();
+  EXPECT_EQ(mt->rkey(), key);
+  EXPECT_EQ(only_send_status(), WcStatus::kRemAccessErr);
+  EXPECT_EQ(qs->state(), QpState::kErr);
+  EXPECT_EQ(hm->writes, 4);
+  EXPECT_EQ(first_change(tbuf, before, 4 * 1024), -1);  // nothing after it
+}
+
 // The same for a READ's responses: S's MR moves after response 5 read its data; response 6
 // is refused, and C holds nothing read after the rereg.
 TEST_F(Hardening, S19_ReregMidReadStopsResponses) {
