@@ -337,19 +337,12 @@ void Engine::progress_loop() {
       const uint64_t now = wire::monotonic_ns();
       bool kept = false;
       if (now < lease) {
-        probe_.since_ns = 0;
         arm_defer(lease);
       } else if (!rx_watched_.load(std::memory_order_acquire) && lease_holder_waits(now, lease)) {
         ctr_.add(Ctr::kBusyPollLeaseKept);
         kept = true;
         const uint64_t h = held_deadline_ns_.load(std::memory_order_acquire);
-        if (h != 0 && h <= now) {
-          std::unique_lock lk(rx_mu_, std::try_to_lock);
-          if (lk.owns_lock() && rx_tx_) {
-            release_held_acks_locked(now);
-            flush(*rx_tx_);
-          }
-        }
+        if (h != 0 && h <= now) release_held_acks(now, /*try_only=*/true);
       } else if (const uint64_t again = lease_end_ns_.load(std::memory_order_acquire);
                  again != lease && wire::monotonic_ns() < again) {
         arm_defer(again);  // renewed while lease_holder_waits looked: sleep on
@@ -792,8 +785,13 @@ void Engine::release_held_acks_now() {
   flush(*rx_tx_);
 }
 
-void Engine::release_held_acks(uint64_t now_ns) {
-  std::lock_guard lk(rx_mu_);
+void Engine::release_held_acks(uint64_t now_ns, bool try_only) {
+  std::unique_lock lk(rx_mu_, std::defer_lock);
+  if (!try_only) {
+    lk.lock();
+  } else if (!lk.try_lock()) {
+    return;  // a receive in progress: its batch's end sends them
+  }
   if (!rx_tx_) return;
   release_held_acks_locked(now_ns);
   flush(*rx_tx_);
@@ -1366,21 +1364,20 @@ void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
     }
   }
   if (owned) app_call_since_ns_.store(0, std::memory_order_relaxed);
-  // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their
-  // ACKs release), and so can what a look without datagrams does (held ACKs that fell due,
-  // waiting for their QP's receive lock) and the timers the poll runs (an RNR or retransmit timer
-  // resends a window: 400-800 us of sendmmsg in ib_send_bw -q 4): an application in its loop
-  // is in the library until here, so the gap to its next call, and the lease, count from
-  // here. Measured from the poll's start, a drain of a few megabytes outlasted the gap: the
-  // next empty poll handed receive back, and the lease ran out with the application polling
-  // (ib_send_bw -q 4's receiver, docs/progress.md). Stamped only after a receive that got
-  // datagrams, -q 4's sender still handed receive back ~60 times a second, each time after
-  // 370-800 us spent running inside such a poll (its timers). Not when on_app_post's end-to-end check
-  // failed (`in_loop` false: a post that came later than the gap, or a post_send whose own
-  // run was longer, which on_app_enter stamped at its start): its receive does not make it
-  // back to back. Only after a look that did more than look (datagrams, held ACKs due, a
-  // timer run): a plain empty look is short, and a busy poll makes one after another (a
-  // clock read more each cost ib_write_lat 2%, 5 of 6 pairs).
+  // The polls' receive can run long (64 GRO buffers of 64 KiB, and the requester runs their ACKs
+  // release), and so can what a look without datagrams does (held ACKs that fell due, waiting for
+  // their QP's receive lock) and the timers the poll runs (an RNR or retransmit timer resends a
+  // window: 400-800 us of sendmmsg in ib_send_bw -q 4): an application in its loop is in the
+  // library until here, so the gap to its next call, and the lease, count from here. Measured from
+  // the poll's start, a drain of a few megabytes outlasted the gap: the next empty poll handed
+  // receive back, and the lease ran out with the application polling (ib_send_bw -q 4's receiver,
+  // docs/progress.md). Stamped only after a receive that got datagrams, -q 4's sender still handed
+  // receive back ~60 times a second, each time after 370-800 us spent running inside such a poll
+  // (its timers). Not when on_app_post's end-to-end check failed (`in_loop` false: a post that came
+  // later than the gap, or a post_send whose own run was longer, which on_app_enter stamped at its
+  // start): its receive does not make it back to back. Only after a look that did more than look
+  // (datagrams, held ACKs due, a timer run): a plain empty look is short, and a busy poll makes one
+  // after another (a clock read more each cost ib_write_lat 2%, 5 of 6 pairs).
   const bool worked = got > 0 || ran_timers || (held != 0 && held <= now_ns);
   if (worked && in_loop && !rx_watched_.load(std::memory_order_relaxed))
     stamp_call(wire::monotonic_ns());

@@ -81,22 +81,21 @@ struct EngineConfig {
   // coalesced buffer by its segment size and checks each packet's ICRC on its own (with the
   // segment's IP ID, or solving for it: wire.md §3). Tests turn it off to see single datagrams.
   bool gro = true;
-  // Busy-poll hand-off (on_poll_empty). While an application polls empty CQs back to back
-  // (its calls at most busy_poll_gap_ns apart, from the end of one to the start of the next:
-  // last_app_call_ns_), its polls receive (poll_cq drains inline) and run the
-  // timers, the progress thread stops watching the socket, and the timerfd is parked
-  // (arm_locked): the progress thread sleeps. The polls hold receive on a lease of
-  // busy_poll_ns, renewed at half time by a timerfd_settime that wakes no one. Receive goes
-  // back to the progress thread (hand_back_rx) when a poll returns a completion that left its
-  // QP idle with the peer's answer not in (ib_write_lat then waits on memory), when the application
-  // leaves the data path (left_data_path: req_notify, get_cq_event, rdma_cm), when the polls
-  // come further apart (busy_poll_late_polls + 1 late ones in a lease), and at the latest when
-  // the lease runs out, unless an application thread is inside a call of ours or the thread
-  // that renewed it waits for a CPU (lease_holder_waits). A post counts as a poll for the gap (the application is in the
-  // library), renews the lease when it came within the gap of the last call, and, after a
-  // gap without a receive, receives as a poll would;
-  // it never takes receive (on_app_post). 0 = the progress thread always receives (the
-  // default here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
+  // Busy-poll hand-off (on_poll_empty). While an application polls empty CQs back to back (its
+  // calls at most busy_poll_gap_ns apart, from the end of one to the start of the next:
+  // last_app_call_ns_), its polls receive (poll_cq drains inline) and run the timers, the progress
+  // thread stops watching the socket, and the timerfd is parked (arm_locked): the progress thread
+  // sleeps. The polls hold receive on a lease of busy_poll_ns, renewed at half time by a
+  // timerfd_settime that wakes no one. Receive goes back to the progress thread (hand_back_rx) when
+  // a poll returns a completion that left its QP idle with the peer's answer not in (ib_write_lat
+  // then waits on memory), when the application leaves the data path (left_data_path: req_notify,
+  // get_cq_event, rdma_cm), when the polls come further apart (busy_poll_late_polls + 1 late ones
+  // in a lease), and at the latest when the lease runs out, unless an application thread is inside
+  // a call of ours or the thread that renewed it waits for a CPU (lease_holder_waits). A post
+  // counts as a poll for the gap (the application is in the library), renews the lease when it came
+  // within the gap of the last call, and, after a gap without a receive, receives as a poll would;
+  // it never takes receive (on_app_post). 0 = the progress thread always receives (the default
+  // here; the shim's SOFTRNIC_BUSY_POLL_US is 2000).
   uint32_t busy_poll_ns = 0;
   // Calls further apart than this (from the end of one to the start of the next: a poll's
   // receive or a post_send can run long) are not a busy poll: receive stays with (or goes back
@@ -516,7 +515,8 @@ class Engine final : public TransportHooks {
   bool release_held_now_ = false;  // rx_mu_ (set by its holder, from inside its drain)
   // Held ACKs due at now_ns (~0: all), or with `only` that QP's alone (destroy).
   void release_held_acks_locked(uint64_t now_ns, const Qp* only = nullptr);
-  void release_held_acks(uint64_t now_ns);         // run_timers: takes rx_mu_
+  // run_timers: takes rx_mu_; try_only: only if free (a kept lease's look, progress_loop).
+  void release_held_acks(uint64_t now_ns, bool try_only = false);
   std::vector<std::shared_ptr<Qp>> replay_qps_;  // QPs with a READ replay in progress
   std::vector<std::shared_ptr<Qp>> replay_scan_;
   void run_replays_locked();

@@ -560,6 +560,17 @@ struct HandOffScene {
     }
     return peek_dma(&in) == v;
   }
+  // Holds a's QP's receive lock for `d` on a thread of its own (join it); returns once held.
+  std::thread lock_a_recv_for(std::chrono::milliseconds d) {
+    std::atomic<bool> locked{false};
+    std::thread t([this, d, &locked] {
+      std::lock_guard lk(qa->recv_mutex());
+      locked.store(true);  // the last touch of `locked`
+      std::this_thread::sleep_for(d);
+    });
+    while (!locked.load()) std::this_thread::yield();
+    return t;
+  }
   // b WRITEs `v` into a's memory; true once a sees it, polling nothing, within 2 s, and b's
   // WRITE completes.
   bool write_arrives(uint32_t v) {
@@ -968,13 +979,7 @@ TEST(BusyPollTest, AnEmptyPollsLongReceiveIsNotAGap) {
   ASSERT_TRUE(s.qa && s.qb);
   ASSERT_TRUE(s.take());
   const uint64_t returned = s.ctr(Ctr::kBusyPollReturned);
-  std::atomic<bool> locked{false};
-  std::thread holder([&] {
-    std::lock_guard lk(s.qa->recv_mutex());
-    locked.store(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  });
-  while (!locked.load()) std::this_thread::yield();
+  std::thread holder = s.lock_a_recv_for(std::chrono::milliseconds(300));
   ASSERT_TRUE(s.b_post_write(21).is_ok());
   // Polls back to back until one receives the WRITE (usually the first: on loopback the
   // datagram is in a's socket when b's post returns, unless the kernel deferred it); that one
@@ -1110,13 +1115,7 @@ TEST(BusyPollTest, AnEmptyPollThatWaitsWithoutDatagramsIsNotAGap) {
   ASSERT_TRUE(s.b_writes(2, true));  // a's poll receives it; its ACK is held
   const uint64_t returned = s.ctr(Ctr::kBusyPollReturned);
   const uint64_t timers = s.ctr(Ctr::kTimersOnPoll);
-  std::atomic<bool> locked{false};
-  std::thread holder([&] {
-    std::lock_guard lk(s.qa->recv_mutex());
-    locked.store(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  });
-  while (!locked.load()) std::this_thread::yield();
+  std::thread holder = s.lock_a_recv_for(std::chrono::milliseconds(300));
   std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the hold's deadline passes
   std::chrono::steady_clock::duration longest{};
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
