@@ -258,13 +258,36 @@ constexpr uint32_t kCrcPrefixV6 = crc32_bitwise(0, kPrefixV6, sizeof(kPrefixV6))
 // rxe seeds crc32_le (no pre/post inversion) with 0xDEBB20E3 = state after 8 x 0xFF.
 static_assert(~kCrcFf8 == 0xdebb20e3u);
 
+#if defined(SOFTRNIC_HAVE_ISAL)
+// ISA-L's AVX-512 CRC (crc32_gzip_refl_by16_10, taken for 256 B and more; ISA-L 2.30 as Debian
+// 12 ships it) returns without VZEROUPPER, so the upper halves of the vector registers stay
+// dirty. Every legacy-SSE instruction after it, ours or the compiler's, then pays a transition
+// penalty: measured on a Xeon KVM guest, 64 B of struct copies went from 5 ns to 120 ns, and
+// an ICRC of a 1 KiB packet from 33 ns to 140 ns. So each call is followed by one (a cycle).
+const bool kAvx = [] {
+#if defined(__x86_64__)
+  __builtin_cpu_init();  // this may run before libgcc's own constructor
+  return __builtin_cpu_supports("avx") != 0;
+#else
+  return false;
+#endif
+}();
+inline uint32_t crc_isal(uint32_t crc, const uint8_t* p, size_t n) {
+  crc = crc32_gzip_refl(crc, p, n);
+#if defined(__x86_64__)
+  if (kAvx) asm volatile("vzeroupper");
+#endif
+  return crc;
+}
+#endif
+
 // Default, chosen by tests/bench/icrc_bench (medians, GiB/s at 64 B / 1 KiB / 4 KiB, AMD EPYC
 // with AVX-512): ISA-L 3.9/30.9/42.7, own VPCLMULQDQ 2.9/29.7/45.7, own PCLMULQDQ 3.0/6.0/6.4,
 // zlib 0.45/2.6/3.1, slice-by-8 2.0/2.0/2.0. ISA-L wins small packets and ties at 1 KiB, so it
 // is the default when built; otherwise own VPCLMULQDQ -> PCLMULQDQ -> slice-by-8 by CPU.
 inline uint32_t crc_default(uint32_t crc, const uint8_t* p, size_t n) {
 #if defined(SOFTRNIC_HAVE_ISAL)
-  return crc32_gzip_refl(crc, p, n);
+  return crc_isal(crc, p, n);
 #elif defined(__x86_64__)
   return crc32_vpclmul(crc, p, n);  // falls back to PCLMULQDQ, then slice-by-8, by CPU
 #else
@@ -370,7 +393,7 @@ uint32_t crc32_update(Crc32Impl impl, uint32_t crc, std::span<const uint8_t> d) 
   switch (impl) {
     case Crc32Impl::kZlib: return crc32_zlib(crc, d.data(), d.size());
 #if defined(SOFTRNIC_HAVE_ISAL)
-    case Crc32Impl::kIsal: return crc32_gzip_refl(crc, d.data(), d.size());
+    case Crc32Impl::kIsal: return crc_isal(crc, d.data(), d.size());
 #endif
 #if defined(__x86_64__)
     case Crc32Impl::kPclmul: return crc32_pclmul(crc, d.data(), d.size());
@@ -499,8 +522,6 @@ uint32_t raw_id_register(uint16_t id) {
 struct IdBasis {
   uint32_t bit[16];
   // Branch-free: the ID bits of successive GSO segments look random to a branch predictor.
-  // (What perf still puts here, ~3% of ib_write_bw, is the load of the cached basis: the
-  // bulk copies between two packets evict it.)
   uint32_t of(uint16_t id) const {
     uint32_t d = 0;
     for (int i = 0; i < 16; ++i) d ^= bit[i] & (0u - ((uint32_t{id} >> i) & 1u));
@@ -595,13 +616,19 @@ IcrcVerdict icrc_verify_rx(const IpUdpMeta& meta, std::span<const uint8_t> r,
   auto body = r.first(r.size() - kIcrcBytes);
   const uint32_t want = load_le32(r.data() + r.size() - kIcrcBytes);
   IpUdpMeta m = meta;
-  m.ip_id = 0;
-  const uint32_t c0 = icrc_compute(m, body);  // the one pass over the packet
-  if (c0 == want) return {IcrcMatch::kIdZero, 0};
+  const bool try_hint = !meta.ipv6 && hint && *hint != 0;
+  // The one pass over the packet is made with the hint when there is one: a GSO segment after
+  // the first (the bulk of a transfer) then verifies without the ID basis.
+  m.ip_id = try_hint ? *hint : 0;
+  const uint32_t c = icrc_compute(m, body);
+  if (c == want) {
+    return try_hint ? IcrcVerdict{IcrcMatch::kIdHint, *hint} : IcrcVerdict{IcrcMatch::kIdZero, 0};
+  }
   if (meta.ipv6) return {};  // no ID to vary
-  if (!(hint && *hint != 0) && !solve) return {};
+  if (!try_hint && !solve) return {};
   const IdBasis basis = id_basis_cached(body.size());
-  if (hint && *hint != 0 && (c0 ^ basis.of(*hint)) == want) return {IcrcMatch::kIdHint, *hint};
+  const uint32_t c0 = try_hint ? c ^ basis.of(*hint) : c;  // the CRC with ID 0
+  if (try_hint && c0 == want) return {IcrcMatch::kIdZero, 0};
   if (!solve) return {};
   if (std::optional<uint16_t> id = solve_id(basis, want ^ c0))
     return {IcrcMatch::kIdSolved, *id};
