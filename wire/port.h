@@ -75,7 +75,10 @@ struct Endpoint {
     return (uint32_t{addr[0]} << 24) | (uint32_t{addr[1]} << 16) | (uint32_t{addr[2]} << 8) | addr[3];
   }
   bool same_ip(const Endpoint& o) const {
-    return ipv6 == o.ipv6 && std::memcmp(addr, o.addr, ipv6 ? 16 : 4) == 0;
+    // Constant lengths, so the compiler compares in registers (a variable length was a libc
+    // memcmp call on every packet a TxBatch sends: 1.6% of ib_write_bw's sender).
+    if (ipv6 != o.ipv6) return false;
+    return ipv6 ? std::memcmp(addr, o.addr, 16) == 0 : std::memcmp(addr, o.addr, 4) == 0;
   }
   friend bool operator==(const Endpoint& a, const Endpoint& b) {
     return a.port == b.port && a.same_ip(b);
