@@ -671,7 +671,8 @@ ssize_t do_send(Rs* r, std::unique_lock<std::mutex>& lk, const struct iovec* iov
       voff += x;
     } else {
       if (r->soffset == r->sbuf_size) r->soffset = 0;
-      if (!inl) x = std::min(x, r->sbuf_size - r->soffset);
+      // Inline data from several iovecs is staged here too: it must fit before the end.
+      x = std::min(x, r->sbuf_size - r->soffset);
       // copy from the iovecs into sbuf (inline: a stack copy is not needed; the sbuf copy
       // is used by the device at post time too)
       uint8_t* dst = r->sbuf + r->soffset;

@@ -258,6 +258,38 @@ TEST(Rsocket, DataIntegrityAndAddresses) {
   EXPECT_EQ(errno, EISCONN);
 }
 
+// Inline data from several iovecs is staged in the send buffer at its current offset; with
+// that offset 48 bytes short of the buffer's end, a 64-byte rwritev must not run past it.
+// (Without the bound this wrote 16 bytes past the heap block: the asan build reports it.)
+TEST(Rsocket, InlineIovecsAtTheSendBufferEndStayInside) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  constexpr size_t kS = size_t{1} << 17;  // the default send and receive buffers
+  auto send_all = [&](const uint8_t* d, size_t n) {
+    size_t sent = 0;
+    while (sent < n) {
+      ssize_t r = rsend(p.cfd, d + sent, n - sent, 0);
+      ASSERT_GT(r, 0) << strerror(errno);
+      sent += static_cast<size_t>(r);
+    }
+  };
+  // 48 bytes inline from the caller's buffer (nothing staged), then kS - 16 staged in pieces
+  // of more than 64 bytes up to kS - 48 and a 32-byte inline tail: the staging offset ends
+  // at kS - 48 while the receive ring has room to spare.
+  std::vector<uint8_t> out(48 + (kS - 16) + 64);
+  pattern(out, 7);
+  std::vector<uint8_t> in(out.size(), 0);
+  std::thread rx([&] {
+    EXPECT_EQ(recv_all(p.sfd, in.data(), in.size()), static_cast<ssize_t>(in.size()));
+  });
+  send_all(out.data(), 48);
+  send_all(out.data() + 48, kS - 16);
+  iovec iv[2] = {{out.data() + 48 + (kS - 16), 32}, {out.data() + 48 + (kS - 16) + 32, 32}};
+  ASSERT_EQ(rwritev(p.cfd, iv, 2), 64) << strerror(errno);  // blocking: all of it
+  rx.join();
+  EXPECT_EQ(in, out);
+}
+
 TEST(Rsocket, NonblockingAndPoll) {
   uint16_t port = next_port();
   sockaddr_in a = addr4(port);
