@@ -807,15 +807,23 @@ int send_iomaps(Rs* r, std::unique_lock<std::mutex>& lk, bool nb) {
     im.sge.addr = sw64(reinterpret_cast<uintptr_t>(m.mr->addr), r->swap);
     im.sge.length = sw32(static_cast<uint32_t>(m.mr->length), r->swap);
     im.sge.key = sw32(m.mr->rkey, r->swap);
-    if (r->soffset + sizeof im > r->sbuf_size) r->soffset = 0;
+    // Too little room before the end: the tail is skipped, and counted as used by this write
+    // until its completion returns it. Not counted, sbuf_avail would promise those bytes again
+    // at the front, where data still being sent lies (can_send leaves kSndLowat for both).
+    uint32_t skip = 0;
+    if (r->soffset + sizeof im > r->sbuf_size) {
+      skip = r->sbuf_size - r->soffset;
+      r->soffset = 0;
+    }
     uint8_t* dst = r->sbuf + r->soffset;
     std::memcpy(dst, &im, sizeof im);
     ibv_sge sge{reinterpret_cast<uintptr_t>(dst), sizeof im, r->smr->lkey};
     r->soffset += sizeof im;
     r->sseq_no++;
     r->sqe_avail--;
-    r->sbuf_avail -= sizeof im;
-    if (post_write(r, &sge, 1, wr_id(kWrIomap, sizeof im), true, kOpIomapSgl | static_cast<uint32_t>(m.index), 0,
+    const uint32_t used = skip + static_cast<uint32_t>(sizeof im);
+    r->sbuf_avail -= used;
+    if (post_write(r, &sge, 1, wr_id(kWrIomap, used), true, kOpIomapSgl | static_cast<uint32_t>(m.index), 0,
                    r->remote_iomap.addr + static_cast<uint64_t>(m.index) * sizeof(WireIomap), r->remote_iomap.key) != 0)
       return -1;
     m.sent = true;

@@ -465,4 +465,53 @@ TEST(Rsocket, IomapAndIowrite) {
   EXPECT_EQ(errno, EINVAL);
 }
 
+// The mapping announcement is staged in the send buffer too. Here the staging offset is 16
+// bytes short of the end when it goes, so it wraps to the front, and the skipped tail must stay
+// counted until the announcement completes: the stream after it and the mapping both arrive
+// intact.
+TEST(Rsocket, IomapAnnouncedAtTheSendBufferEndWraps) {
+  Pair p(1);
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  constexpr size_t kS = size_t{1} << 17;  // the default send and receive buffers
+  auto send_all = [&](const uint8_t* d, size_t n) {
+    size_t sent = 0;
+    while (sent < n) {
+      ssize_t r = rsend(p.sfd, d + sent, n - sent, 0);
+      ASSERT_GT(r, 0) << strerror(errno);
+      sent += static_cast<size_t>(r);
+    }
+  };
+  // 16 bytes inline (nothing staged), then kS - 16 staged: the offset ends at kS - 16.
+  std::vector<uint8_t> lead(kS), in(kS);
+  pattern(lead, 3);
+  std::thread rx([&] { EXPECT_EQ(recv_all(p.cfd, in.data(), kS), static_cast<ssize_t>(kS)); });
+  send_all(lead.data(), 16);
+  send_all(lead.data() + 16, kS - 16);
+  rx.join();
+  EXPECT_EQ(in, lead);
+  std::vector<uint8_t> target(8192, 0), src(target.size());
+  pattern(src, 11);
+  ASSERT_EQ(riomap(p.sfd, target.data(), target.size(), PROT_WRITE, 0, 0), 0);
+  // The next send carries the announcement ahead of itself; then three buffers' worth more.
+  std::vector<uint8_t> tail(3 * kS), tin(tail.size());
+  pattern(tail, 5);
+  std::thread rx2([&] {
+    EXPECT_EQ(recv_all(p.cfd, tin.data(), tin.size()), static_cast<ssize_t>(tin.size()));
+  });
+  send_all(tail.data(), tail.size());
+  rx2.join();
+  EXPECT_EQ(tin, tail);
+  size_t off = 0;
+  while (off < src.size()) {
+    size_t n = riowrite(p.cfd, src.data() + off, src.size() - off, static_cast<off_t>(off), 0);
+    ASSERT_NE(n, static_cast<size_t>(-1)) << strerror(errno);
+    ASSERT_GT(n, 0u);
+    off += n;
+  }
+  char b[2];
+  ASSERT_EQ(rsend(p.cfd, "ok", 2, 0), 2);
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(b), 2), 2);
+  EXPECT_EQ(target, src);
+}
+
 }  // namespace
