@@ -195,6 +195,16 @@ TEST(Rsocket, SocketOptions) {
   EXPECT_EQ(rclose(fd), 0);
 }
 
+// rsend until all n bytes are taken; asserts on a failed call.
+void send_all(int fd, const uint8_t* d, size_t n) {
+  size_t sent = 0;
+  while (sent < n) {
+    ssize_t r = rsend(fd, d + sent, n - sent, 0);
+    ASSERT_GT(r, 0) << strerror(errno);
+    sent += static_cast<size_t>(r);
+  }
+}
+
 TEST(Rsocket, DataIntegrityAndAddresses) {
   Pair p;
   ASSERT_TRUE(p.ok) << strerror(errno);
@@ -265,14 +275,6 @@ TEST(Rsocket, InlineIovecsAtTheSendBufferEndStayInside) {
   Pair p;
   ASSERT_TRUE(p.ok) << strerror(errno);
   constexpr size_t kS = size_t{1} << 17;  // the default send and receive buffers
-  auto send_all = [&](const uint8_t* d, size_t n) {
-    size_t sent = 0;
-    while (sent < n) {
-      ssize_t r = rsend(p.cfd, d + sent, n - sent, 0);
-      ASSERT_GT(r, 0) << strerror(errno);
-      sent += static_cast<size_t>(r);
-    }
-  };
   // 48 bytes inline from the caller's buffer (nothing staged), then kS - 16 staged in pieces
   // of more than 64 bytes up to kS - 48 and a 32-byte inline tail: the staging offset ends
   // at kS - 48 while the receive ring has room to spare.
@@ -282,8 +284,8 @@ TEST(Rsocket, InlineIovecsAtTheSendBufferEndStayInside) {
   std::thread rx([&] {
     EXPECT_EQ(recv_all(p.sfd, in.data(), in.size()), static_cast<ssize_t>(in.size()));
   });
-  send_all(out.data(), 48);
-  send_all(out.data() + 48, kS - 16);
+  send_all(p.cfd, out.data(), 48);
+  send_all(p.cfd, out.data() + 48, kS - 16);
   iovec iv[2] = {{out.data() + 48 + (kS - 16), 32}, {out.data() + 48 + (kS - 16) + 32, 32}};
   ASSERT_EQ(rwritev(p.cfd, iv, 2), 64) << strerror(errno);  // blocking: all of it
   rx.join();
@@ -473,20 +475,12 @@ TEST(Rsocket, IomapAnnouncedAtTheSendBufferEndWraps) {
   Pair p(1);
   ASSERT_TRUE(p.ok) << strerror(errno);
   constexpr size_t kS = size_t{1} << 17;  // the default send and receive buffers
-  auto send_all = [&](const uint8_t* d, size_t n) {
-    size_t sent = 0;
-    while (sent < n) {
-      ssize_t r = rsend(p.sfd, d + sent, n - sent, 0);
-      ASSERT_GT(r, 0) << strerror(errno);
-      sent += static_cast<size_t>(r);
-    }
-  };
   // 16 bytes inline (nothing staged), then kS - 16 staged: the offset ends at kS - 16.
   std::vector<uint8_t> lead(kS), in(kS);
   pattern(lead, 3);
   std::thread rx([&] { EXPECT_EQ(recv_all(p.cfd, in.data(), kS), static_cast<ssize_t>(kS)); });
-  send_all(lead.data(), 16);
-  send_all(lead.data() + 16, kS - 16);
+  send_all(p.sfd, lead.data(), 16);
+  send_all(p.sfd, lead.data() + 16, kS - 16);
   rx.join();
   EXPECT_EQ(in, lead);
   std::vector<uint8_t> target(8192, 0), src(target.size());
@@ -498,7 +492,7 @@ TEST(Rsocket, IomapAnnouncedAtTheSendBufferEndWraps) {
   std::thread rx2([&] {
     EXPECT_EQ(recv_all(p.cfd, tin.data(), tin.size()), static_cast<ssize_t>(tin.size()));
   });
-  send_all(tail.data(), tail.size());
+  send_all(p.sfd, tail.data(), tail.size());
   rx2.join();
   EXPECT_EQ(tin, tail);
   size_t off = 0;
