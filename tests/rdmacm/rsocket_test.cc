@@ -205,6 +205,17 @@ void send_all(int fd, const uint8_t* d, size_t n) {
   }
 }
 
+// riowrite all of src to the peer's mapping at offset 0; asserts on a failed call.
+void riowrite_all(int fd, const std::vector<uint8_t>& src) {
+  size_t off = 0;
+  while (off < src.size()) {
+    size_t n = riowrite(fd, src.data() + off, src.size() - off, static_cast<off_t>(off), 0);
+    ASSERT_NE(n, static_cast<size_t>(-1)) << strerror(errno);
+    ASSERT_GT(n, 0u);
+    off += n;
+  }
+}
+
 TEST(Rsocket, DataIntegrityAndAddresses) {
   Pair p;
   ASSERT_TRUE(p.ok) << strerror(errno);
@@ -448,13 +459,7 @@ TEST(Rsocket, IomapAndIowrite) {
   std::vector<uint8_t> other(64);
   EXPECT_EQ(riomap(p.sfd, other.data(), other.size(), PROT_WRITE, 0, 4096), -1);
   EXPECT_EQ(errno, ENOMEM);
-  size_t off = 0;
-  while (off < src.size()) {
-    size_t n = riowrite(p.cfd, src.data() + off, src.size() - off, static_cast<off_t>(off), 0);
-    ASSERT_NE(n, static_cast<size_t>(-1)) << strerror(errno);
-    ASSERT_GT(n, 0u);
-    off += n;
-  }
+  riowrite_all(p.cfd, src);
   // Past the mapped range: EINVAL.
   EXPECT_EQ(riowrite(p.cfd, src.data(), 1, static_cast<off_t>(target.size()), 0), static_cast<size_t>(-1));
   EXPECT_EQ(errno, EINVAL);
@@ -495,13 +500,7 @@ TEST(Rsocket, IomapAnnouncedAtTheSendBufferEndWraps) {
   send_all(p.sfd, tail.data(), tail.size());
   rx2.join();
   EXPECT_EQ(tin, tail);
-  size_t off = 0;
-  while (off < src.size()) {
-    size_t n = riowrite(p.cfd, src.data() + off, src.size() - off, static_cast<off_t>(off), 0);
-    ASSERT_NE(n, static_cast<size_t>(-1)) << strerror(errno);
-    ASSERT_GT(n, 0u);
-    off += n;
-  }
+  riowrite_all(p.cfd, src);
   char b[2];
   ASSERT_EQ(rsend(p.cfd, "ok", 2, 0), 2);
   ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(b), 2), 2);
