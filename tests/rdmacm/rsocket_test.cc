@@ -230,13 +230,8 @@ TEST(Rsocket, DataIntegrityAndAddresses) {
   for (size_t n : {size_t{1}, size_t{63}, size_t{4097}, size_t{65537}, size_t{300001}}) {
     std::vector<uint8_t> out(n), in(n, 0);
     pattern(out, static_cast<uint32_t>(n));
-    size_t sent = 0;
     std::thread rx([&] { EXPECT_EQ(recv_all(p.sfd, in.data(), n), static_cast<ssize_t>(n)); });
-    while (sent < n) {
-      ssize_t r = rsend(p.cfd, out.data() + sent, n - sent, 0);
-      ASSERT_GT(r, 0) << strerror(errno);
-      sent += static_cast<size_t>(r);
-    }
+    send_all(p.cfd, out.data(), n);
     rx.join();
     EXPECT_EQ(in, out) << n;
   }
