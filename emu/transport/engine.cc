@@ -395,6 +395,10 @@ void Engine::spin_rx() {
     if (!rx_watched_.load(std::memory_order_relaxed)) return;
     const int n = try_poll_rx(256);
     const uint64_t now = wire::monotonic_ns();
+    // The core must stay spare for the whole spin, not only at its start: a ping-pong keeps
+    // the spin alive (every packet renews it), so a spin begun while the applications were
+    // still setting up would otherwise outlast the spare core by the whole run.
+    if (!spare_core(now)) return;
     if (n > 0) {
       last = now;
     } else if (now - last >= cfg_.spin_ns) {
