@@ -5,6 +5,14 @@
 //       "pingpong SIZE typical_usec p99_usec" (one-way: half the round trip; typical = median).
 //       busy: recv with MSG_DONTWAIT in a loop (as perftest spins on a CQ); block: poll()
 //       then recv (as a thread sleeping in epoll).
+//   udp_peer pingpong server|client PORT SIZE ITERS roce
+//       busy, but each message goes as the datagrams an RC WRITE ping-pong needs on the wire:
+//       the request (SIZE bytes cut into 4 KiB payloads, each with its 32 bytes of BTH, RETH
+//       and ICRC) and the ACK of the peer's last message (BTH, AETH, ICRC: 20 bytes), in
+//       one sendmsg with UDP_SEGMENT (at most 64 KiB each), received with UDP_GRO. No RoCE
+//       stack on kernel UDP sockets can send less per message: the ACK is mandatory, and a
+//       GSO send was the cheapest way to send the pair here (2.5 us one way at 64 B; the two
+//       datagrams by one sendmmsg 3.3 us; one 96-byte datagram 2.1 us; docs/bench/README.md).
 //   udp_peer stream server|client PORT SIZE SECONDS [gso]
 //       the client sends SIZE-byte messages (cut into 4 KiB datagrams, one sendmmsg per
 //       message; with gso one sendmsg with UDP_SEGMENT); the server receives with recvmmsg
@@ -78,19 +86,92 @@ ssize_t rx(int fd, void* b, size_t n, bool busy, sockaddr_in* from, uint64_t dea
   }
 }
 
-int pingpong(bool server, int port, size_t size, int iters, bool busy) {
-  std::vector<char> buf(std::max<size_t>(size, 1));
+// The roce mode's wire shape of one message: kRocePayload-byte packets with kReqOverhead
+// bytes each, then the ACK; sent in GSO runs of at most kGsoSegs segments.
+constexpr size_t kRocePayload = 4096;
+constexpr size_t kReqOverhead = 12 + 16 + 4;  // BTH, RETH, ICRC
+constexpr size_t kAckBytes = 12 + 4 + 4;      // BTH, AETH, ICRC
+constexpr size_t kGsoSegs = 64;
+constexpr size_t kMaxUdp = 65507;
+
+// Sends one message: a plain datagram, or (roce) its request packets and the ACK.
+void send_msg(int fd, const sockaddr_in& to, char* buf, size_t size, bool roce) {
+  if (!roce) {
+    sendto(fd, buf, size, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    return;
+  }
+  const size_t pkts = std::max<size_t>(1, (size + kRocePayload - 1) / kRocePayload);
+  const size_t seg = std::min(size, kRocePayload) + kReqOverhead;
+  // The last packet may be short; it and the ACK end the message's last GSO run. A GSO
+  // run's segments are all `seg` bytes but its last, so a short last packet goes alone.
+  const size_t last = size - (pkts - 1) * kRocePayload + kReqOverhead;
+  size_t full = last == seg ? pkts : pkts - 1;  // packets of exactly seg bytes
+  auto gso_send = [&](size_t len, uint16_t gso) {
+    iovec v{buf, len};
+    char ctl[CMSG_SPACE(sizeof(uint16_t))] = {};
+    msghdr h{};
+    h.msg_name = const_cast<sockaddr_in*>(&to);
+    h.msg_namelen = sizeof to;
+    h.msg_iov = &v;
+    h.msg_iovlen = 1;
+    h.msg_control = ctl;
+    h.msg_controllen = sizeof ctl;
+    cmsghdr* c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = IPPROTO_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    memcpy(CMSG_DATA(c), &gso, sizeof gso);
+    while (sendmsg(fd, &h, 0) < 0 && (errno == EAGAIN || errno == ENOBUFS)) sched_yield();
+  };
+  // Full runs first; the final run carries the remaining full packets and the ACK (and the
+  // short last packet, alone before it, if there is one). A run is one UDP datagram to the
+  // kernel: at most 65,507 bytes.
+  const size_t run = std::min(kGsoSegs, (kMaxUdp - kAckBytes) / seg);
+  while (full > run) {
+    gso_send(run * seg, static_cast<uint16_t>(seg));
+    full -= run;
+  }
+  if (last != seg) {
+    if (full > 0) gso_send(full * seg, static_cast<uint16_t>(seg));
+    gso_send(last + kAckBytes, static_cast<uint16_t>(last));
+  } else {
+    gso_send(full * seg + kAckBytes, static_cast<uint16_t>(seg));
+  }
+}
+
+// Receives one message: one datagram, or (roce) until its request bytes and the ACK arrived
+// (GRO may hand several packets over in one read).
+int recv_msg(int fd, char* buf, size_t cap, size_t size, bool busy, bool roce,
+             sockaddr_in* from, uint64_t deadline) {
+  if (!roce) return rx(fd, buf, cap, busy, from, deadline) < 0 ? -1 : 0;
+  const size_t pkts = std::max<size_t>(1, (size + kRocePayload - 1) / kRocePayload);
+  const size_t want = size + pkts * kReqOverhead + kAckBytes;
+  for (size_t got = 0; got < want;) {
+    ssize_t r = rx(fd, buf, cap, busy, from, deadline);
+    if (r < 0) return -1;
+    got += size_t(r);
+  }
+  return 0;
+}
+
+int pingpong(bool server, int port, size_t size, int iters, bool busy, bool roce) {
+  // roce: room for a GRO read of a whole GSO run.
+  std::vector<char> buf(roce ? 65536 + 512 : std::max<size_t>(size, 1));
   uint64_t deadline = now_ns() + 60ull * 1000000000u;
   if (server) {
     int fd = sock(port);
+    int one = 1;
+    if (roce) setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one);
     sockaddr_in from{};
     for (int i = 0; i < iters; ++i) {
-      if (rx(fd, buf.data(), buf.size(), busy, &from, deadline) < 0) return 1;
-      sendto(fd, buf.data(), size, 0, reinterpret_cast<sockaddr*>(&from), sizeof from);
+      if (recv_msg(fd, buf.data(), buf.size(), size, busy, roce, &from, deadline) < 0) return 1;
+      send_msg(fd, from, buf.data(), size, roce);
     }
     return 0;
   }
   int fd = sock(0);
+  int one = 1;
+  if (roce) setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one);
   sockaddr_in to = addr(port);
   std::vector<double> us;
   us.reserve(iters);
@@ -98,10 +179,10 @@ int pingpong(bool server, int port, size_t size, int iters, bool busy) {
     uint64_t t0 = now_ns();
     // The server may not be bound yet for the first datagram: resend until it answers.
     for (;;) {
-      sendto(fd, buf.data(), size, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      send_msg(fd, to, buf.data(), size, roce);
       sockaddr_in from{};
       uint64_t dl = i == 0 ? now_ns() + 100000000u : deadline;
-      if (rx(fd, buf.data(), buf.size(), busy, &from, dl) >= 0) break;
+      if (recv_msg(fd, buf.data(), buf.size(), size, busy, roce, &from, dl) >= 0) break;
       if (i != 0 || now_ns() > deadline) return 1;
     }
     us.push_back(double(now_ns() - t0) / 2000.0);
@@ -194,7 +275,7 @@ int stream(bool server, int port, size_t size, double secs, bool gso) {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    fprintf(stderr, "usage: udp_peer pingpong|stream server|client PORT SIZE ITERS|SECONDS [busy|block|gso]\n");
+    fprintf(stderr, "usage: udp_peer pingpong|stream server|client PORT SIZE ITERS|SECONDS [busy|block|roce|gso]\n");
     return 2;
   }
   bool server = strcmp(argv[2], "server") == 0;
@@ -202,6 +283,7 @@ int main(int argc, char** argv) {
   size_t size = strtoul(argv[4], nullptr, 10);
   const char* mode = argc > 6 ? argv[6] : "";
   if (strcmp(argv[1], "pingpong") == 0)
-    return pingpong(server, port, size, atoi(argv[5]), strcmp(mode, "block") != 0);
+    return pingpong(server, port, size, atoi(argv[5]), strcmp(mode, "block") != 0,
+                    strcmp(mode, "roce") == 0);
   return stream(server, port, size, atof(argv[5]), strcmp(mode, "gso") == 0);
 }
