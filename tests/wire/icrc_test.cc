@@ -197,47 +197,52 @@ IpUdpMeta test_meta(bool v6) {
 }
 
 TEST(IcrcTest, FastFormEqualsDatagramForm) {
-  std::vector<uint8_t> payload(777);
-  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
-  for (bool v6 : {false, true}) {
-    for (uint16_t id : {0, 1, 0xbeef}) {
-      IpUdpMeta m = test_meta(v6);
-      m.ip_id = id;
-      PacketFields f;
-      f.opcode = op::kRcRdmaWriteFirst;
-      f.dest_qp = 0x123;
-      f.psn = 99;
-      f.fecn = true;
-      std::vector<uint8_t> buf(2048);
-      size_t n = build_ip_datagram(buf, f, payload, m);
-      ASSERT_GT(n, 0u);
-      std::span<const uint8_t> ip(buf.data(), n);
-      size_t hl = (v6 ? kIpv6HdrBytes : kIpv4HdrBytes) + kUdpHdrBytes;
-      auto roce = ip.subspan(hl);
-      EXPECT_EQ(icrc_compute(ip), icrc_compute(m, roce.first(roce.size() - kIcrcBytes)));
-      EXPECT_TRUE(icrc_check(ip));
-      EXPECT_TRUE(icrc_check(m, roce));
-      // The fast form covers the addresses, ports and (v4) the ID.
-      IpUdpMeta other = m;
-      other.src_port ^= 1;
-      EXPECT_FALSE(icrc_check(other, roce));
-      other = m;
-      other.dst[3] ^= 0x80;
-      EXPECT_FALSE(icrc_check(other, roce));
-      if (!v6) {
-        other = m;
-        other.ip_id ^= 0x100;
+  // Payload sizes around the fast form's one-pass limit (192 bytes past the BTH: RETH 16 +
+  // payload 176) and one far past it.
+  for (size_t size : {0, 1, 4, 175, 176, 177, 180, 777}) {
+    SCOPED_TRACE(size);
+    std::vector<uint8_t> payload(size);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
+    for (bool v6 : {false, true}) {
+      for (uint16_t id : {0, 1, 0xbeef}) {
+        IpUdpMeta m = test_meta(v6);
+        m.ip_id = id;
+        PacketFields f;
+        f.opcode = op::kRcRdmaWriteFirst;
+        f.dest_qp = 0x123;
+        f.psn = 99;
+        f.fecn = true;
+        std::vector<uint8_t> buf(2048);
+        size_t n = build_ip_datagram(buf, f, payload, m);
+        ASSERT_GT(n, 0u);
+        std::span<const uint8_t> ip(buf.data(), n);
+        size_t hl = (v6 ? kIpv6HdrBytes : kIpv4HdrBytes) + kUdpHdrBytes;
+        auto roce = ip.subspan(hl);
+        EXPECT_EQ(icrc_compute(ip), icrc_compute(m, roce.first(roce.size() - kIcrcBytes)));
+        EXPECT_TRUE(icrc_check(ip));
+        EXPECT_TRUE(icrc_check(m, roce));
+        // The fast form covers the addresses, ports and (v4) the ID.
+        IpUdpMeta other = m;
+        other.src_port ^= 1;
         EXPECT_FALSE(icrc_check(other, roce));
         other = m;
-        other.df = !m.df;
+        other.dst[3] ^= 0x80;
         EXPECT_FALSE(icrc_check(other, roce));
+        if (!v6) {
+          other = m;
+          other.ip_id ^= 0x100;
+          EXPECT_FALSE(icrc_check(other, roce));
+          other = m;
+          other.df = !m.df;
+          EXPECT_FALSE(icrc_check(other, roce));
+        }
+        // ...but not TOS/TTL/flow label.
+        other = m;
+        other.tos = 0;
+        other.ttl = 1;
+        other.flow_label = 0;
+        EXPECT_TRUE(icrc_check(other, roce));
       }
-      // ...but not TOS/TTL/flow label.
-      other = m;
-      other.tos = 0;
-      other.ttl = 1;
-      other.flow_label = 0;
-      EXPECT_TRUE(icrc_check(other, roce));
     }
   }
 }
