@@ -335,6 +335,8 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // ---- lookups (hot path, any thread) ----
   std::shared_ptr<Qp> find_qp(uint32_t qpn) const { return qps_.find(qpn); }
+  // ObjectTable::generation of the QP table (a destroyed QP changes it).
+  uint64_t qp_table_generation() const { return qps_.generation(); }
   KeyTable& keys() { return keys_; }
   const KeyTable& keys() const { return keys_; }
 

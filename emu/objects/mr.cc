@@ -17,6 +17,7 @@
 #include "emu/objects/maps.h"
 #include "emu/objects/mw.h"
 #include "emu/objects/pool.h"
+#include "emu/objects/transport_state.h"
 
 namespace rnic::emu {
 
@@ -231,22 +232,36 @@ Status check_mr_range(uint64_t addr, uint64_t length, uint32_t access, uint64_t 
 
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
                      ErrorsMode mode, uint64_t* host_addr, AccessGuard* guard,
-                     std::shared_ptr<Mr>* mr_out, MrView* view_out) {
+                     std::shared_ptr<Mr>* mr_out, MrView* view_out, MrCache* cache) {
   // A zero-length SGE touches nothing; rxe skips it too.
   if (sge.length == 0) {
     if (host_addr != nullptr) *host_addr = 0;
     return WcStatus::kSuccess;
   }
-  std::shared_ptr<Mr> mr = keys.find_mr(sge.lkey);
+  const bool cached = cache != nullptr && cache->mr && cache->key == sge.lkey;
+  std::shared_ptr<Mr> mr = cached ? cache->mr : keys.find_mr(sge.lkey);
   if (!mr) {
     // Unknown/stale lkey: the spec says L_Key violation (LOC_PROT); rxe says LOC_QP_OP.
     return mode == ErrorsMode::kRxe ? WcStatus::kLocQpOpErr : WcStatus::kLocProtErr;
   }
   // Enter before reading the view: while held, dereg/rereg cannot change it.
   AccessGuard g;
-  if (guard != nullptr && !g.acquire(mr->gate(), mr)) return WcStatus::kLocProtErr;
-  MrView v = mr->view();
-  if (v.state != MrState::kValid || v.key != sge.lkey) return WcStatus::kLocProtErr;
+  const bool entered = guard == nullptr || g.acquire(mr->gate(), mr);
+  MrView v;
+  if (entered) v = mr->view();
+  if (!entered || v.state != MrState::kValid || v.key != sge.lkey) {
+    if (cached) {  // no longer the key's MR: the table decides (MrCache)
+      g.reset();
+      cache->clear();
+      return check_local(keys, sge, pd, need_write, mode, host_addr, guard, mr_out, view_out,
+                         cache);
+    }
+    return WcStatus::kLocProtErr;
+  }
+  if (cache != nullptr && !cached) {
+    cache->key = sge.lkey;
+    cache->mr = mr;
+  }
   if (v.pd != pd) return WcStatus::kLocProtErr;                        // PD mismatch
   if (need_write && !(v.access & kAccessLocalWrite)) return WcStatus::kLocProtErr;
   if (!v.in_range(sge.addr, sge.length)) return WcStatus::kLocProtErr;  // bounds (S09)
@@ -258,7 +273,8 @@ WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool ne
 }
 
 RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
-                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out) {
+                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out,
+                        MrCache* cache) {
   const bool atomic = (required & kAccessRemoteAtomic) != 0;
   // C9-88: a zero-length READ/WRITE checks no key and touches nothing.
   if (len == 0 && !atomic) {
@@ -276,8 +292,27 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
   // drains the MW's gate), else the MR's. Only when the caller will copy (out != nullptr).
   AccessGuard g;
   MrView mv;
-  const bool mw_path = keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : keys.is_mw_key(rkey);
-  if (mw_path) {
+  // A remembered MR still valid under this key (MrCache) is what the table would return: the
+  // MR path without the lookup (a live key names one object, so not an MW either).
+  bool hit = false;
+  if (cache != nullptr && cache->mr && cache->key == rkey) {
+    mr = cache->mr;
+    if (out == nullptr || g.acquire(mr->gate(), mr)) {
+      mv = mr->view();
+      hit = mv.state == MrState::kValid && mv.key == rkey;
+    }
+    if (!hit) {
+      g.reset();
+      mr.reset();
+      cache->clear();
+    }
+  }
+  const bool mw_path =
+      !hit && (keys.secure() ? keys.kind_of(rkey) == KeyKind::kMw : keys.is_mw_key(rkey));
+  if (hit) {
+    if (mv.pd != qp_pd) return RkeyResult::kPdMismatch;
+    if ((mv.access & required) != required) return RkeyResult::kAccessDenied;
+  } else if (mw_path) {
     // MW path (rxe_lookup_mw + rxe_check_mw).
     std::shared_ptr<Mw> mw = keys.find_mw(rkey);
     if (!mw) return RkeyResult::kBadKey;
@@ -300,6 +335,10 @@ RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, ui
     if (out != nullptr && !g.acquire(mr->gate(), mr)) return RkeyResult::kInvalidState;
     mv = mr->view();
     if (mv.key != rkey) return RkeyResult::kBadKey;
+    if (cache != nullptr && mv.state == MrState::kValid) {
+      cache->key = rkey;
+      cache->mr = mr;
+    }
     if (mv.pd != qp_pd) return RkeyResult::kPdMismatch;
     if ((mv.access & required) != required) return RkeyResult::kAccessDenied;
   }

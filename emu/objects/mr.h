@@ -17,6 +17,7 @@
 namespace rnic::emu {
 
 class KeyTable;
+struct MrCache;  // emu/objects/transport_state.h
 
 // An object's accesses in flight and whether new ones may start (issue 10 item 3). The data
 // path enters the gate of the MR (or MW) it resolved a key to before reading its view and
@@ -204,10 +205,11 @@ enum class ErrorsMode : uint8_t { kSpec = 0, kRxe = 1 };
 // held in *guard: the caller copies while holding it and dereg waits for it. Without a
 // guard nothing is held (a check-only call, or a legacy caller that copies unguarded).
 // view_out: the view the check read (what the guard keeps so), for a caller that keeps it.
+// cache: the caller's MrCache for this key's kind (see there), or nullptr.
 WcStatus check_local(const KeyTable& keys, const Sge& sge, const Pd* pd, bool need_write,
                      ErrorsMode mode = ErrorsMode::kSpec, uint64_t* host_addr = nullptr,
                      AccessGuard* guard = nullptr, std::shared_ptr<Mr>* mr_out = nullptr,
-                     MrView* view_out = nullptr);
+                     MrView* view_out = nullptr, MrCache* cache = nullptr);
 
 // Outcome of a remote rkey check. Every failure is a Remote Access error (NAK 0x62,
 // requester IBV_WC_REM_ACCESS_ERR); the distinct values exist for counters and tests.
@@ -241,7 +243,9 @@ struct RemoteTarget {
 // required, VALID; then the underlying MR (VALID) and, for a zero-based window, va is an
 // offset added to the window base. MR path: full key, PD, access ⊇ required (all bits),
 // VALID, range. Thread-safe; hot path.
+// cache: as check_local's (MR keys only: an MW key is always looked up).
 RkeyResult check_remote(const KeyTable& keys, uint32_t rkey, const Pd* qp_pd, uint32_t qpn,
-                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out);
+                        uint64_t va, uint64_t len, uint32_t required, RemoteTarget* out,
+                        MrCache* cache = nullptr);
 
 }  // namespace rnic::emu

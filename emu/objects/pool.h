@@ -3,6 +3,7 @@
 // to an object. Both are read on the per-packet path from several threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -168,8 +169,13 @@ class ObjectTable {
   }
   bool erase(uint32_t n) {
     std::unique_lock lk(mu_);
-    return map_.erase(n) != 0;
+    if (map_.erase(n) == 0) return false;
+    gen_.fetch_add(1, std::memory_order_release);
+    return true;
   }
+  // Changes with every erase (and clear): a number -> object pair found under an unchanged
+  // generation is still in the table. For callers that remember lookups (Engine::rx_find_qp).
+  uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
   size_t size() const {
     std::shared_lock lk(mu_);
     return map_.size();
@@ -185,10 +191,12 @@ class ObjectTable {
   void clear() {
     std::unique_lock lk(mu_);
     map_.clear();
+    gen_.fetch_add(1, std::memory_order_release);
   }
 
  private:
   uint32_t lo_, hi_, limit_, next_;
+  std::atomic<uint64_t> gen_{0};
   mutable std::shared_mutex mu_;
   std::mt19937_64 rng_;
   std::unordered_map<uint32_t, std::shared_ptr<T>> map_;

@@ -668,6 +668,24 @@ int Engine::drain_locked(int budget) {
   return total;  // `events` releases the rest
 }
 
+std::shared_ptr<Qp> Engine::rx_find_qp(uint32_t qpn) {
+  const uint64_t gen = dev_->qp_table_generation();
+  if (gen != rx_qps_gen_) {
+    for (RxQpSlot& s : rx_qps_) s = RxQpSlot{};
+    rx_qps_gen_ = gen;
+  }
+  RxQpSlot& s = rx_qps_[qpn % kRxQpSlots];
+  if (s.qp && s.qpn == qpn) return s.qp;
+  // The generation was read before the lookup: an erase between them moves it past
+  // rx_qps_gen_, and the next call starts afresh.
+  std::shared_ptr<Qp> qp = dev_->find_qp(qpn);
+  if (qp) {
+    s.qpn = qpn;
+    s.qp = qp;
+  }
+  return qp;
+}
+
 ScatterCache* Engine::drain_scatter_cache() {
   return t_drain_engine != nullptr ? &t_drain_engine->rx_scatter_ : nullptr;
 }

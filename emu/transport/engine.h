@@ -374,6 +374,11 @@ class Engine final : public TransportHooks {
   // The ScatterCache of the engine whose receive drain this thread is in (scatter_sges), or
   // null outside one.
   static ScatterCache* drain_scatter_cache();
+  // The QP a received packet names (Device::find_qp), through a small cache of the receive
+  // context's recent lookups: a hit costs one load of the QP table's generation, where the
+  // table's shared lock took two atomic read-modify-writes per packet. A hit is a QP still
+  // in the table (no erase since it was found). REQUIRES: rx_mu_ held (recv_packet).
+  std::shared_ptr<Qp> rx_find_qp(uint32_t qpn);
   // When the timerfd is armed to fire (ns), ~0 if not armed (tests, diagnostics).
   uint64_t timerfd_deadline_ns() const { return armed_ns_.load(std::memory_order_acquire); }
   // Whether the kernel's timerfd will wake the progress thread (timerfd_gettime; tests).
@@ -501,6 +506,16 @@ class Engine final : public TransportHooks {
   std::unique_ptr<uint8_t[]> rx_mem_;
   wire::RxDesc rx_descs_[kRxBatch];
   ScatterCache rx_scatter_;  // the batch's scatter checks (drain_locked, under rx_mu_)
+  // rx_find_qp's cache (rx_mu_), direct-mapped by the QPN's low bits (QPNs are random).
+  // All of it is dropped when the QP table's generation moves, so a destroyed QP is let go
+  // at the next packet received.
+  struct RxQpSlot {
+    uint32_t qpn = 0;
+    std::shared_ptr<Qp> qp;
+  };
+  static constexpr uint32_t kRxQpSlots = 16;
+  RxQpSlot rx_qps_[kRxQpSlots];
+  uint64_t rx_qps_gen_ = 0;
   std::unique_ptr<TxBatch> rx_tx_;
   static constexpr size_t kMaxDeferredAcks = 256;
   std::vector<std::shared_ptr<Qp>> ack_qps_;  // capacity reserved once

@@ -209,7 +209,7 @@ std::shared_ptr<Qp> find_dest_qp(Engine& e, const wire::RxDesc& d, const wire::P
                  p.opcode, bth.psn());
     return nullptr;
   }
-  std::shared_ptr<Qp> qp = e.device().find_qp(qpn);
+  std::shared_ptr<Qp> qp = e.rx_find_qp(qpn);
   if (!qp) {
     dc.add(Ctr::kDropUnknownQpn);
     RNIC_PKT_LOG("drop", "unknown QPN", Ctr::kDropUnknownQpn, d.src, qpn, p.opcode, bth.psn());

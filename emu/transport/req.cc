@@ -175,7 +175,7 @@ struct GatherCache {
 // With gc (a payload the requester gathers from, not one it writes into), the first SGE's
 // check is kept in it, as gather's own would be: a one-packet message then looks its key up
 // once, not twice (path_bench).
-WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write,
+WcStatus check_sges(Device& dev, Qp& qp, const SendWqe& w, bool need_write,
                     GatherCache* gc = nullptr) {
   if (w.is_inline) return WcStatus::kSuccess;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
@@ -186,13 +186,14 @@ WcStatus check_sges(Device& dev, const Qp& qp, const SendWqe& w, bool need_write
       uint64_t host = 0;
       MrView v;
       WcStatus st = check_local(dev.keys(), w.sge[0], qp.pd().get(), false, dev.config().errors,
-                                &host, &g, &mr, &v);
+                                &host, &g, &mr, &v, &qp.req_.lkeys);
       if (st != WcStatus::kSuccess) return st;
       if (mr) gc->keep(w, 0, *mr, v, std::move(g));
       continue;
     }
     WcStatus st = check_local(dev.keys(), w.sge[i], qp.pd().get(), need_write,
-                              dev.config().errors, nullptr);
+                              dev.config().errors, nullptr, nullptr, nullptr, nullptr,
+                              &qp.req_.lkeys);
     if (st != WcStatus::kSuccess) return st;
   }
   return WcStatus::kSuccess;
@@ -231,7 +232,7 @@ WcStatus gather(Engine& e, Qp& qp, SendWqe& w, uint8_t* dst, uint32_t len,
       std::shared_ptr<Mr> mr;
       MrView v;
       WcStatus st = check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors,
-                                &host, &g, gc != nullptr ? &mr : nullptr, &v);
+                                &host, &g, gc != nullptr ? &mr : nullptr, &v, &qp.req_.lkeys);
       if (st != WcStatus::kSuccess) return st;
       if (gc != nullptr && mr) gc->keep(w, w.sge_index, *mr, v, std::move(g));
     }
@@ -276,7 +277,7 @@ bool one_copy_desc(Engine& e, Qp& qp, SendWqe& w, uint32_t plen, uint32_t psn,
   uint64_t host = 0;
   std::shared_ptr<Mr> mr;
   if (check_local(dev.keys(), piece, qp.pd().get(), false, dev.config().errors, &host, nullptr,
-                  &mr) != WcStatus::kSuccess)
+                  &mr, nullptr, &r.lkeys) != WcStatus::kSuccess)
     return false;  // gather() reports it
   std::shared_ptr<PinnedRange> pin = mr ? mr->pin() : nullptr;
   PinLoc loc;

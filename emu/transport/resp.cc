@@ -269,7 +269,7 @@ bool send_read_range(Engine& e, Qp& qp, uint32_t rkey, uint32_t psn, uint64_t va
     }
     RemoteTarget t;
     RkeyResult rk = check_remote(dev.keys(), rkey, resp_pd(qp), qp.qpn(), va + uint64_t{i} * mtu,
-                                 plen, kAccessRemoteRead, &t);
+                                 plen, kAccessRemoteRead, &t, &qp.resp_.rkeys);
     bool ok = rk == RkeyResult::kOk;
     if (ok) {
       queue_packet(e, qp, f, nullptr, plen, &dev.mem(), t.host_addr, &ok);
@@ -770,7 +770,7 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     // changes nothing — not even the in-range part of its first packet (S05).
     if (reth.dma_len() > 0) {
       RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(),
-                                  reth.dma_len(), kAccessRemoteWrite, nullptr);
+                                  reth.dma_len(), kAccessRemoteWrite, nullptr, &qp.resp_.rkeys);
       if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "WRITE refused by rkey check:", r);
     }
     s.w_rkey = reth.rkey();
@@ -781,20 +781,20 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     const auto reth = k.p.reth();
     if (reth.dma_len() > 0) {
       RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(),
-                                  reth.dma_len(), kAccessRemoteRead, nullptr);
+                                  reth.dma_len(), kAccessRemoteRead, nullptr, &qp.resp_.rkeys);
       if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "READ refused by rkey check:", r);
     }
   } else if (k.mask & wire::kAtomicMask) {
     const auto a = k.p.atomic_eth();
     RkeyResult r = check_remote(dev.keys(), a.rkey(), resp_pd(qp), qp.qpn(), a.va(), 8,
-                                kAccessRemoteAtomic, nullptr);
+                                kAccessRemoteAtomic, nullptr, &qp.resp_.rkeys);
     if (r == RkeyResult::kMisaligned)  // S08
       return refuse(k, Step::kErrInvReq, "ATOMIC address not 8-byte aligned");
     if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", r);
   } else if (k.mask & wire::kAtomicWriteMask) {
     const auto reth = k.p.reth();
     RkeyResult r = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(), 8,
-                                kAccessRemoteWrite, nullptr);
+                                kAccessRemoteWrite, nullptr, &qp.resp_.rkeys);
     if (r != RkeyResult::kOk)
       return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", r);
     if (reth.va() & 7)  // IBA A19.4.2 (rxe): 8-byte aligned, else Invalid Request
@@ -804,7 +804,7 @@ Step check_rkey(Engine& e, Qp& qp, const Pkt& k) {
     RkeyResult r = flush_target(dev, qp, k, &va, &len);
     if (r == RkeyResult::kOk)
       r = check_remote(dev.keys(), k.p.reth().rkey(), resp_pd(qp), qp.qpn(), va, len,
-                       flush_access(k.p.feth().plt()), nullptr);
+                       flush_access(k.p.feth().plt()), nullptr, &qp.resp_.rkeys);
     if (r != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", r);
   }
   return Step::kExecute;
@@ -856,7 +856,7 @@ Step execute_write(Engine& e, Qp& qp, const Pkt& k) {
     // Re-validated for every packet: an invalidation between packets stops the rest.
     RemoteTarget t;
     RkeyResult r = check_remote(dev.keys(), s.w_rkey, resp_pd(qp), qp.qpn(), s.w_va, k.plen,
-                                kAccessRemoteWrite, &t);
+                                kAccessRemoteWrite, &t, &qp.resp_.rkeys);
     if (r != RkeyResult::kOk)
       return refuse(k, Step::kErrRkey, "WRITE packet refused by rkey re-check:", r);
     if (!dev.mem().write(t.host_addr, k.p.payload, k.plen)) {
@@ -905,7 +905,7 @@ Step execute_atomic(Engine& e, Qp& qp, const Pkt& k) {
   const auto a = k.p.atomic_eth();
   RemoteTarget t;
   RkeyResult rk = check_remote(dev.keys(), a.rkey(), resp_pd(qp), qp.qpn(), a.va(), 8,
-                               kAccessRemoteAtomic, &t);
+                               kAccessRemoteAtomic, &t, &qp.resp_.rkeys);
   if (rk != RkeyResult::kOk)
     return refuse(k, Step::kErrRkey, "ATOMIC refused by rkey check:", rk);
   uint64_t orig = 0;
@@ -951,7 +951,7 @@ Step execute_atomic_write(Engine& e, Qp& qp, const Pkt& k) {
   const auto reth = k.p.reth();
   RemoteTarget t;
   RkeyResult rk = check_remote(dev.keys(), reth.rkey(), resp_pd(qp), qp.qpn(), reth.va(), 8,
-                               kAccessRemoteWrite, &t);
+                               kAccessRemoteWrite, &t, &qp.resp_.rkeys);
   if (rk != RkeyResult::kOk)
     return refuse(k, Step::kErrRkey, "ATOMIC_WRITE refused by rkey check:", rk);
   uint64_t value;
@@ -974,7 +974,7 @@ Step execute_flush(Engine& e, Qp& qp, const Pkt& k) {
   RemoteTarget t;
   if (rk == RkeyResult::kOk)
     rk = check_remote(dev.keys(), k.p.reth().rkey(), resp_pd(qp), qp.qpn(), va, len,
-                      flush_access(k.p.feth().plt()), &t);
+                      flush_access(k.p.feth().plt()), &t, &qp.resp_.rkeys);
   if (rk != RkeyResult::kOk) return refuse(k, Step::kErrRkey, "FLUSH refused by rkey check:", rk);
   // A full barrier as a seq_cst read-modify-write (a locked instruction on x86), which
   // ThreadSanitizer models; it rejects a bare atomic_thread_fence (-Wtsan).

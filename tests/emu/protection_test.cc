@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "emu/objects/memory.h"
+#include "emu/objects/transport_state.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace rnic::emu {
@@ -253,6 +254,78 @@ TEST_F(Protection, ReregPdIssuesNewKeyAndMovesPd) {
   EXPECT_EQ(env.dev->dealloc_pd(pd2), Errc::kBusy);
   EXPECT_TRUE(env.dev->dealloc_pd(env.pd).is_ok());  // its only MR moved away
   env.pd = pd2;
+}
+
+// A QP's remembered MR (MrCache: the requester's lkeys, the responder's rkeys) answers as the
+// key table does: through rereg of the key, of the rights, dereg, and an entry that names
+// another MR than the one its key now resolves to (a reissued key).
+TEST_F(Protection, MrCacheAnswersAsTheTable) {
+  const KeyTable& keys = env.dev->keys();
+  auto pd2 = *env.dev->alloc_pd();
+  auto mr = reg(kAll);
+  const uint32_t k = mr->rkey();
+  MrCache rc, lc;
+  auto rem = [&](uint32_t key, const Pd* pd, uint32_t req, RemoteTarget* t = nullptr) {
+    return check_remote(keys, key, pd, 0x100, base(), 8, req, t, &rc);
+  };
+  {
+    RemoteTarget t;
+    EXPECT_EQ(rem(k, env.pd.get(), kAccessRemoteWrite, &t), RkeyResult::kOk);
+    EXPECT_EQ(rc.mr, mr);  // remembered
+    EXPECT_EQ(t.mr, mr);
+  }
+  {
+    RemoteTarget t;
+    EXPECT_EQ(rem(k, env.pd.get(), kAccessRemoteWrite, &t), RkeyResult::kOk);  // from the cache
+    EXPECT_EQ(t.mr, mr);
+  }
+  // A new key (and PD): the old one resolves to nothing, the cache's MR notwithstanding.
+  ASSERT_TRUE(env.dev->rereg_mr(mr, kReregChangePd, pd2, 0, 0, 0).is_ok());
+  const uint32_t k2 = mr->rkey();
+  ASSERT_NE(k2, k);
+  EXPECT_EQ(rem(k, pd2.get(), kAccessRemoteWrite), RkeyResult::kBadKey);
+  EXPECT_EQ(rem(k2, env.pd.get(), kAccessRemoteWrite), RkeyResult::kPdMismatch);
+  EXPECT_EQ(rem(k2, pd2.get(), kAccessRemoteWrite), RkeyResult::kOk);
+  EXPECT_EQ(rc.key, k2);
+  // New rights under the same key: the remembered MR's current ones count.
+  ASSERT_TRUE(env.dev->rereg_mr(mr, kReregChangeAccess, nullptr, 0, 0, kAccessLocalWrite).is_ok());
+  EXPECT_EQ(rem(k2, pd2.get(), kAccessRemoteWrite), RkeyResult::kAccessDenied);
+  // An entry naming another MR than the key's: the table's MR answers.
+  auto other = reg(kAll, pd2);
+  rc.key = other->rkey();
+  rc.mr = mr;  // live, under another key
+  {
+    RemoteTarget t;
+    EXPECT_EQ(rem(other->rkey(), pd2.get(), kAccessRemoteWrite, &t), RkeyResult::kOk);
+    EXPECT_EQ(t.mr, other);
+    EXPECT_EQ(rc.mr, other);
+  }
+  lc.key = other->rkey();
+  lc.mr = mr;
+  const Sge so{base(), 8, other->lkey()};
+  std::shared_ptr<Mr> got;
+  EXPECT_EQ(check_local(keys, so, pd2.get(), true, ErrorsMode::kSpec, nullptr, nullptr, &got,
+                        nullptr, &lc),
+            WcStatus::kSuccess);
+  EXPECT_EQ(got, other);
+  EXPECT_EQ(lc.mr, other);
+  // Dereg: the remembered MR is invalid, and the table has no such key.
+  const Sge s{base(), 8, k2};
+  EXPECT_EQ(check_local(keys, s, pd2.get(), true, ErrorsMode::kSpec, nullptr, nullptr, nullptr,
+                        nullptr, &lc),
+            WcStatus::kSuccess);
+  EXPECT_EQ(lc.mr, mr);
+  rc.key = k2;
+  rc.mr = mr;
+  ASSERT_TRUE(env.dev->dereg_mr(mr).is_ok());
+  EXPECT_EQ(check_local(keys, s, pd2.get(), true, ErrorsMode::kSpec, nullptr, nullptr, nullptr,
+                        nullptr, &lc),
+            WcStatus::kLocProtErr);
+  EXPECT_EQ(lc.mr, nullptr);  // let go
+  EXPECT_EQ(rem(k2, pd2.get(), kAccessRemoteRead), RkeyResult::kBadKey);
+  EXPECT_EQ(rc.mr, nullptr);
+  ASSERT_TRUE(env.dev->dereg_mr(other).is_ok());
+  env.pd = pd2;  // the fixture's PD has no MR left; pd2 holds none now either
 }
 
 TEST_F(Protection, ReregTranslation) {

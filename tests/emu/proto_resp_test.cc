@@ -651,6 +651,23 @@ TEST_F(RespTest, CorruptIcrcIsDroppedAndCounted) {
   EXPECT_EQ(step().size(), 1u);
 }
 
+// The receive context remembers its recent QP lookups (Engine::rx_find_qp). A destroyed QP's
+// number is unknown from then on (no packet reaches the dead QP through the cache), and the
+// cache lets the object go at the next packet.
+TEST_F(RespTest, DestroyedQpIsUnknownAtOnceAndLetGo) {
+  post_rbuf(1);
+  p.send(req(op::kRcSendOnly, kEpsn), bytes(16, 3));
+  ASSERT_EQ(step().size(), 1u);  // its ACK: the lookup is remembered
+  wire::PacketFields f = req(op::kRcSendOnly, kEpsn + 1);
+  std::weak_ptr<Qp> gone = qp;
+  ASSERT_TRUE(s.dev->destroy_qp(qp).is_ok());
+  qp.reset();
+  p.send(f, bytes(4, 1));
+  EXPECT_EQ(step().size(), 0u);
+  EXPECT_EQ(s.eng->counters().get(Ctr::kDropUnknownQpn), 1u);
+  EXPECT_TRUE(gone.expired());
+}
+
 TEST_F(RespTest, UnknownQpnAndWrongSourceAreDropped) {
   wire::PacketFields f = req(op::kRcSendOnly, 100);
   f.dest_qp = qp->qpn() ^ 0x800000;
