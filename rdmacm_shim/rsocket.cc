@@ -38,6 +38,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -136,7 +137,14 @@ struct Rs {
   uint32_t ctrl_stage = 0;
   uint32_t sqe_avail = 0, ctrl_avail = kCtrlSlots, sbuf_avail = 0, soffset = 0;
   uint16_t sseq_no = 0, sseq_comp = 0;
+  // Target SGL (tbuf, written by the peer's RDMA WRITEs): target_sge is the next slot to
+  // take, sgl_ready the slots whose OP_SGL completion was polled but not yet taken. The slot
+  // being filled is copied out once (tcur: what is left of it; length 0: none) and kept as it
+  // read (ttaken, at tslot) for the check that the peer does not write it while in use.
   int target_sge = 0;
+  uint32_t sgl_ready = 0;
+  int tslot = 0;
+  WireSge tcur{}, ttaken{};
   WireSge remote_sgl{};  // peer's target SGL array (length = entry count)
   int remote_sge = 1;
   WireSge remote_iomap{};  // addr, key, length = entries
@@ -325,6 +333,10 @@ void save_conn(Rs* r, const ConnData* c) {
   target_sgl(r)[0].length = be32toh(c->data_buf.length);
   target_sgl(r)[0].key = be32toh(c->data_buf.key);
   r->target_sge = 0;
+  // Slot 0, filled just above. Added, not set: a nonblocking rconnect's rpoll may have polled
+  // the peer's first update (slot 1) before the ESTABLISHED event.
+  r->sgl_ready++;
+  r->tcur = {};
   r->sseq_no = 0;
   r->sseq_comp = be16toh(c->credits);
 }
@@ -351,13 +363,30 @@ int post_write(Rs* r, ibv_sge* sge, int nsge, uint64_t id, bool imm, uint32_t im
   return e ? fail(e) : 0;
 }
 
+void mark_dead(Rs* r, int e) {
+  if (r->st == St::kConnected) {
+    r->st = e ? St::kError : St::kClosedByPeer;
+    if (e) r->err = e;
+  }
+  r->writable = false;
+  r->readable = false;
+}
+
+// A post that failed put nothing on the send queue, so no completion will return what it
+// took: the caller gives it back here (the slot) or at its call site (its own counters).
 int post_ctrl(Rs* r, uint32_t immv) {
   r->ctrl_avail--;
-  return post_write(r, nullptr, 0, wr_id(kWrCtrl, 0), true, immv, 0, 0, 0);
+  if (post_write(r, nullptr, 0, wr_id(kWrCtrl, 0), true, immv, 0, 0, 0) == 0) return 0;
+  r->ctrl_avail++;
+  return -1;
 }
 
 // Credits back to the sender (rs_send_credits).
+// A post that fails leaves the socket in error (rdma-core ignores the failure and counts the
+// credit as given; the peer then waits for it forever) with everything it took given back:
+// the control slot, the staging entry, rseq_comp and the rbuf half.
 void send_credits(Rs* r) {
+  const uint16_t comp = r->rseq_comp;
   r->rseq_comp = static_cast<uint16_t>(r->rseq_no + (r->rq_size >> 1));
   uint32_t immv = kOpSgl | static_cast<uint16_t>(r->rseq_no + r->rq_size);
   if (r->rbuf_avail >= (r->rbuf_size >> 1)) {
@@ -369,20 +398,28 @@ void send_credits(Rs* r) {
     int fl = IBV_SEND_INLINE;
     if (r->sq_inline < sizeof s) {  // no inline room: stage it in the target buffer's scratch
       fl = 0;
-      WireSge* slot = scratch(r) + (r->ctrl_stage++ % kCtrlSlots);  // <= kCtrlSlots in flight, FIFO
+      WireSge* slot = scratch(r) + (r->ctrl_stage % kCtrlSlots);  // <= kCtrlSlots in flight, FIFO
       std::memcpy(slot, &s, sizeof s);
       sge.addr = reinterpret_cast<uintptr_t>(slot);
       sge.lkey = r->tmr->lkey;
     }
     r->ctrl_avail--;
-    post_write(r, &sge, 1, wr_id(kWrCtrl, 0), true, immv, fl,
-               r->remote_sgl.addr + static_cast<uint64_t>(r->remote_sge) * sizeof(WireSge), r->remote_sgl.key);
+    if (post_write(r, &sge, 1, wr_id(kWrCtrl, 0), true, immv, fl,
+                   r->remote_sgl.addr + static_cast<uint64_t>(r->remote_sge) * sizeof(WireSge),
+                   r->remote_sgl.key) != 0) {
+      r->ctrl_avail++;
+      r->rseq_comp = comp;
+      mark_dead(r, ECONNRESET);
+      return;
+    }
+    if (fl == 0) r->ctrl_stage++;
     r->rbuf_avail -= r->rbuf_size >> 1;
     r->rfree_offset += r->rbuf_size >> 1;
     if (r->rfree_offset >= r->rbuf_size) r->rfree_offset = 0;
     if (++r->remote_sge == static_cast<int>(r->remote_sgl.length)) r->remote_sge = 0;
-  } else {
-    post_ctrl(r, immv);
+  } else if (post_ctrl(r, immv) != 0) {
+    r->rseq_comp = comp;
+    mark_dead(r, ECONNRESET);
   }
 }
 
@@ -391,13 +428,18 @@ bool give_credits(Rs* r) {
          r->ctrl_avail > 0 && r->st == St::kConnected;
 }
 
-void mark_dead(Rs* r, int e) {
-  if (r->st == St::kConnected) {
-    r->st = e ? St::kError : St::kClosedByPeer;
-    if (e) r->err = e;
-  }
-  r->writable = false;
-  r->readable = false;
+// The peer broke the target SGL protocol (or one of its credits landed twice): data sent on
+// would land where the peer does not expect it, so the connection fails (EPROTO) instead,
+// with one line on stderr (base/log.h's form; this library has no logger of its own).
+std::atomic<uint64_t> g_sgl_violations{0};
+
+void sgl_violation(Rs* r, const char* what) {
+  g_sgl_violations.fetch_add(1, std::memory_order_relaxed);
+  char line[160];
+  int n = std::snprintf(line, sizeof line, "softrnic[%d] error: rsocket %d: %s\n", static_cast<int>(getpid()), r->fd,
+                        what);
+  if (n > 0) (void)!write(STDERR_FILENO, line, std::min<size_t>(static_cast<size_t>(n), sizeof line - 1));
+  mark_dead(r, EPROTO);
 }
 
 // Polls the CQ until empty (and gives credits); never blocks. Returns the completions it
@@ -525,6 +567,15 @@ int progress(Rs* r) {
           switch (msg_op(imm)) {
             case kOpSgl:
               r->sseq_comp = static_cast<uint16_t>(msg_data(imm));
+              // 16 bytes: it also wrote our next target slot (0: a message credit only). The
+              // peer has at most kSglSize halves out; one more means it wrote a slot we have
+              // not finished.
+              if (w.byte_len == sizeof(WireSge)) {
+                if (r->sgl_ready + (r->tcur.length != 0 ? 1u : 0u) < static_cast<uint32_t>(kSglSize))
+                  r->sgl_ready++;
+                else
+                  sgl_violation(r, "a target SGL update with every slot still in use");
+              }
               break;
             case kOpIomapSgl:
             case kOpWrite:
@@ -608,7 +659,31 @@ int wait_for(Rs* r, std::unique_lock<std::mutex>& lk, bool nb, F ready) {
 
 bool can_send(Rs* r) {
   return r->sqe_avail > 0 && r->sbuf_avail >= kSndLowat && r->sseq_no != r->sseq_comp &&
-         target_sgl(r)[r->target_sge].length != 0;
+         (r->tcur.length != 0 || r->sgl_ready != 0);
+}
+
+// Makes r->tcur the target slot to write to; false when there is none (the socket is in
+// error if the peer broke the protocol). A slot is read once, after the completion of the
+// WRITE that filled it was polled: that completion orders the device's write before our
+// read (a non-zero length seen earlier proves nothing about the address beside it). While
+// in use it must read as when taken: the peer writes it again only once we have filled the
+// half it named. A change there is a credit applied twice, the way data would land at the
+// start of a half again.
+bool take_target(Rs* r) {
+  if (r->tcur.length != 0) {
+    if (std::memcmp(&target_sgl(r)[r->tslot], &r->ttaken, sizeof(WireSge)) == 0) return true;
+    sgl_violation(r, "target SGL slot rewritten while in use");
+    return false;
+  }
+  if (r->sgl_ready == 0) return false;
+  r->tslot = r->target_sge;
+  std::memcpy(&r->ttaken, &target_sgl(r)[r->tslot], sizeof(WireSge));
+  r->tcur = r->ttaken;
+  r->sgl_ready--;
+  if (++r->target_sge == kSglSize) r->target_sge = 0;
+  if (r->tcur.length != 0) return true;
+  sgl_violation(r, "zero-length target SGL slot");
+  return false;
 }
 
 bool have_rdata(Rs* r) { return !r->rmsg.empty(); }
@@ -658,7 +733,11 @@ ssize_t do_send(Rs* r, std::unique_lock<std::mutex>& lk, const struct iovec* iov
         return fail(r->err ? r->err : ECONNRESET);
       }
     }
-    WireSge& t = target_sgl(r)[r->target_sge];
+    if (!take_target(r)) {  // can_send held: only a protocol violation gets here
+      if (sent) break;
+      return fail(r->err ? r->err : EPROTO);
+    }
+    WireSge& t = r->tcur;
     uint32_t x = static_cast<uint32_t>(std::min<size_t>(total - sent, kMaxTransfer));
     x = std::min({x, r->sbuf_avail, t.length});
     bool inl = x <= r->sq_inline;
@@ -704,11 +783,17 @@ ssize_t do_send(Rs* r, std::unique_lock<std::mutex>& lk, const struct iovec* iov
     uint32_t key = t.key;
     t.addr += x;
     t.length -= x;
-    if (t.length == 0 && ++r->target_sge == kSglSize) r->target_sge = 0;
     r->sseq_no++;
     r->sqe_avail--;
     r->sbuf_avail -= used;
     if (post_write(r, sge, nsge, wr_id(kWrData, used), true, kOpData | x, inl ? IBV_SEND_INLINE : 0, addr, key) != 0) {
+      // Not posted: give back what this piece took (no completion will).
+      t.addr -= x;
+      t.length += x;
+      r->sseq_no--;
+      r->sqe_avail++;
+      r->sbuf_avail += used;
+      r->soffset -= used;
       mark_dead(r, ECONNRESET);
       if (sent) break;
       return -1;

@@ -3,12 +3,17 @@
 // integrity through the receive ring (sizes crossing the ring halves and the 64 KiB
 // transfer limit), iovecs, MSG_PEEK / MSG_WAITALL, non-blocking connect + rpoll over
 // rsockets mixed with a pipe, rselect, socket options, riomap/riowrite, and a peer's close
-// mid-stream (EOF after the data it sent, then ECONNRESET on send).
+// mid-stream (EOF after the data it sent, then ECONNRESET on send). Through a hook on the
+// device context's post_send: a target SGL update seen before its completion, a slot in
+// use written again, and credit / control posts that fail.
 #include <arpa/inet.h>
+#include <endian.h>
 #include <fcntl.h>
+#include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <sys/mman.h>
 #include <sys/select.h>
@@ -17,8 +22,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -392,6 +399,230 @@ TEST(Rsocket, ConnectToNoListenerIsRefused) {
   EXPECT_EQ(rconnect(fd, sa(a), sizeof a), -1);
   EXPECT_EQ(errno, ECONNREFUSED);
   rclose(fd);
+}
+
+// ---- posts seen, held back, repeated or failed (the device context's post_send) ----
+// rdma_cm and every rsocket of this process share the one device context rdma_get_devices
+// lists, and ibv_post_send calls through its ops.post_send: a test puts its hook there.
+using PostFn = int (*)(ibv_qp*, ibv_send_wr*, ibv_send_wr**);
+PostFn g_orig_post = nullptr;
+std::function<int(ibv_qp*, ibv_send_wr*, ibv_send_wr**)> g_post_hook;
+
+int hooked_post(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) { return g_post_hook(qp, wr, bad); }
+
+struct PostHook {
+  ibv_context* ctx = nullptr;
+  explicit PostHook(std::function<int(ibv_qp*, ibv_send_wr*, ibv_send_wr**)> f) {
+    int n = 0;
+    ibv_context** l = rdma_get_devices(&n);
+    if (l != nullptr && n == 1) ctx = l[0];
+    rdma_free_devices(l);
+    if (ctx == nullptr) return;
+    g_orig_post = ctx->ops.post_send;
+    g_post_hook = std::move(f);
+    ctx->ops.post_send = hooked_post;
+  }
+  ~PostHook() {
+    if (ctx != nullptr) ctx->ops.post_send = g_orig_post;
+    g_post_hook = nullptr;
+  }
+};
+
+// A target SGL update (rsocket.c rs_send_credits): a 16-byte WRITE WITH IMM, op RS_OP_SGL.
+bool is_sgl_update(const ibv_send_wr* wr) {
+  return wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && wr->num_sge == 1 && wr->sg_list[0].length == 16 &&
+         (be32toh(wr->imm_data) >> 28) == 4;
+}
+
+// One posted update, its 16 bytes copied (they lie on the poster's stack), to post again.
+struct SavedWr {
+  ibv_qp* qp = nullptr;
+  ibv_send_wr wr{};
+  ibv_sge sge{};
+  uint8_t bytes[16] = {};
+  void save(ibv_qp* q, const ibv_send_wr* w) {
+    qp = q;
+    wr = *w;
+    wr.next = nullptr;
+    std::memcpy(bytes, reinterpret_cast<const void*>(w->sg_list[0].addr), 16);
+    sge = {reinterpret_cast<uintptr_t>(bytes), 16, 0};
+    wr.sg_list = &sge;
+    wr.send_flags |= IBV_SEND_INLINE;
+  }
+  int post() {
+    ibv_send_wr* bad = nullptr;
+    return g_orig_post(qp, &wr, &bad);
+  }
+};
+
+// The server's first update (its half 1 into the client's slot 1) is split: its 16 bytes go
+// as a plain WRITE, the WRITE WITH IMM that announces them comes later. Until then the slot
+// holds a valid-looking SGE whose completion the client has not seen; the client must not
+// send into it (the completion is what orders the device's write before the sender's read).
+TEST(Rsocket, TargetSlotIsUsedOnlyAfterItsUpdateCompleted) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  bool armed = true;
+  SavedWr held;
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    if (!armed || !is_sgl_update(wr)) return g_orig_post(qp, wr, bad);
+    armed = false;
+    held.save(qp, wr);
+    ibv_send_wr plain = *wr;
+    plain.opcode = IBV_WR_RDMA_WRITE;
+    return g_orig_post(qp, &plain, bad);
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  char c;
+  // The server's first progress gives its credits: the update above.
+  ASSERT_EQ(rrecv(p.sfd, &c, 1, MSG_DONTWAIT), -1);
+  ASSERT_EQ(errno, EAGAIN);
+  ASSERT_FALSE(armed);
+  // A byte after it: once the client has it, the plain WRITE has landed in its slot 1.
+  ASSERT_EQ(rsend(p.sfd, "y", 1, 0), 1);
+  ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(&c), 1), 1);
+  constexpr size_t kHalf = size_t{1} << 16;  // the default 128 KiB ring's half
+  std::vector<uint8_t> out(kHalf + 100), in(out.size(), 0);
+  pattern(out, 11);
+  ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data(), kHalf));  // slot 0: the private data's half
+  ssize_t r = rsend(p.cfd, out.data() + kHalf, 100, MSG_DONTWAIT);
+  EXPECT_EQ(r, -1) << "sent into a slot whose update had not completed";
+  if (r == -1) {
+    EXPECT_EQ(errno, EAGAIN);
+  }
+  ASSERT_EQ(held.post(), 0);  // the announcement
+  size_t done = r > 0 ? static_cast<size_t>(r) : 0;
+  ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data() + kHalf + done, 100 - done));
+  ASSERT_EQ(recv_all(p.sfd, in.data(), in.size()), static_cast<ssize_t>(in.size()));
+  EXPECT_EQ(in, out);
+}
+
+// While the client fills the server's half 0 through its slot 0, that slot is written again:
+//   kRepeat: the update that handed it over, completion and all (a stale or duplicate credit);
+//   kRepeatPlain: the same 16 bytes without a completion (a device executing a duplicate);
+//   kOtherHalf: the server's half 1, without a completion (a write into the wrong slot).
+// The client must not start over at the half's start, overwriting data the server has not
+// read (the shape of rstream's "data verification failed byte 1048576": ring offset 0 after
+// the first wrap). An update beyond the slots it has free, or a slot in use changing, fails
+// the connection (EPROTO); the same bytes again change nothing the client uses.
+enum class Rewrite { kRepeat, kRepeatPlain, kOtherHalf };
+
+void rewrite_slot_in_use(Rewrite how) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  bool record = true;
+  std::vector<SavedWr> updates;  // the server's, in order
+  updates.reserve(8);
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    if (record && is_sgl_update(wr)) {
+      updates.emplace_back();
+      updates.back().save(qp, wr);
+    }
+    return g_orig_post(qp, wr, bad);
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  char c;
+  ASSERT_EQ(rrecv(p.sfd, &c, 1, MSG_DONTWAIT), -1);  // server: half 1 -> client slot 1
+  ASSERT_EQ(updates.size(), 1u);
+  record = false;  // the client's own updates (it gives credits too) are not wanted
+  constexpr size_t kHalf = size_t{1} << 16;  // the default 128 KiB ring's half
+  std::vector<uint8_t> out(2 * kHalf + 2000), in(out.size(), 0);
+  pattern(out, 5);
+  ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data(), 2 * kHalf));  // both halves
+  record = true;
+  ASSERT_EQ(recv_all(p.sfd, in.data(), kHalf), static_cast<ssize_t>(kHalf));  // half 0 -> slot 0
+  record = false;
+  ASSERT_EQ(updates.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data() + 2 * kHalf, 1000));  // half 0's start, slot 0
+  record = true;
+  ASSERT_EQ(recv_all(p.sfd, in.data() + kHalf, kHalf), static_cast<ssize_t>(kHalf));  // half 1 -> slot 1
+  record = false;
+  ASSERT_EQ(updates.size(), 3u);
+  SavedWr w = how == Rewrite::kOtherHalf ? updates[2] : updates[1];
+  w.wr.sg_list = &w.sge;
+  w.sge.addr = reinterpret_cast<uintptr_t>(w.bytes);
+  w.wr.wr.rdma.remote_addr = updates[1].wr.wr.rdma.remote_addr;  // slot 0
+  if (how != Rewrite::kRepeat) w.wr.opcode = IBV_WR_RDMA_WRITE;
+  ASSERT_EQ(w.post(), 0);
+  // A byte after it: once the client has it (or has failed), the rewrite has landed.
+  ASSERT_EQ(rsend(p.sfd, "z", 1, 0), 1);
+  ssize_t rr = rrecv(p.cfd, &c, 1, 0);
+  EXPECT_TRUE(rr == 1 || (rr == -1 && errno == EPROTO)) << rr << " " << strerror(errno);
+  ssize_t r = rsend(p.cfd, out.data() + 2 * kHalf + 1000, 1000, 0);
+  if (how != Rewrite::kRepeatPlain) {
+    EXPECT_EQ(r, -1) << "sent on after its slot was rewritten";
+    if (r == -1) {
+      EXPECT_EQ(errno, EPROTO);
+      return;
+    }
+  }
+  ASSERT_EQ(r, 1000) << strerror(errno);
+  ASSERT_EQ(recv_all(p.sfd, in.data() + 2 * kHalf, 2000), 2000);
+  EXPECT_EQ(in, out) << "bytes misplaced in the receive ring";
+}
+
+TEST(Rsocket, TargetSlotUpdatedAgainWhileInUseFailsTheConnection) { rewrite_slot_in_use(Rewrite::kRepeat); }
+TEST(Rsocket, TargetSlotRewrittenWithItsOwnBytesWhileInUseChangesNothing) {
+  rewrite_slot_in_use(Rewrite::kRepeatPlain);
+}
+TEST(Rsocket, TargetSlotRewrittenWithAnotherHalfWhileInUseFailsTheConnection) {
+  rewrite_slot_in_use(Rewrite::kOtherHalf);
+}
+
+// ibv_post_send fails for a credit update: nothing was queued. The socket goes into error at
+// once (its peer would wait for that credit forever), and rclose does not wait out
+// drain_sends' 2 s (it did for the control slot the failed post kept, on a socket left
+// connected). The slot given back is not visible here (a socket in error drains nothing):
+// FailedControlPostGivesItsSlotBack shows it.
+TEST(Rsocket, FailedCreditPostFailsTheSocket) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  bool armed = true;
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    if (!armed || !is_sgl_update(wr)) return g_orig_post(qp, wr, bad);
+    armed = false;
+    *bad = wr;
+    return ENOMEM;
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  char c;
+  // The client's first progress gives its credits: that post fails.
+  EXPECT_EQ(rrecv(p.cfd, &c, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+  ASSERT_FALSE(armed);
+  EXPECT_EQ(rsend(p.cfd, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rclose(p.cfd), 0);
+  p.cfd = -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 1000) << "rclose waited for a control slot no completion returns";
+}
+
+// The same for a control message: rshutdown's DISCONNECT is not posted, and its slot comes
+// back at once (drain_sends would otherwise wait 2 s for a completion that never comes).
+TEST(Rsocket, FailedControlPostGivesItsSlotBack) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  char c;
+  ASSERT_EQ(rsend(p.cfd, "a", 1, 0), 1);  // both ends' first credits go out and complete
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(&c), 1), 1);
+  ASSERT_EQ(rsend(p.sfd, "b", 1, 0), 1);
+  ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(&c), 1), 1);
+  bool armed = true;
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    bool ctrl = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && wr->num_sge == 0 && (be32toh(wr->imm_data) >> 28) == 7;
+    if (!armed || !ctrl) return g_orig_post(qp, wr, bad);
+    armed = false;
+    *bad = wr;
+    return ENOMEM;
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rshutdown(p.cfd, SHUT_RDWR), 0);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(armed);
+  EXPECT_LT(ms, 1000) << "rshutdown waited for a control slot no completion returns";
 }
 
 TEST(Rsocket, PeerCloseMidStream) {
