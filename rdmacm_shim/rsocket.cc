@@ -54,11 +54,16 @@
 namespace {
 
 // ---- protocol constants (rsocket.c v1) ----
-constexpr uint32_t kOpData = 0x00000000, kOpWrite = 0x20000000, kOpSgl = 0x40000000,
-                   kOpIomapSgl = 0x60000000, kOpCtrl = 0x70000000;
+// The immediate data: the op in bits 31..29, its data (a byte count, credits, an iomap index)
+// in bits 28..0. Until 2026-12-07 the ops sat one bit lower (bits 31..28 masked, data 27..0),
+// which only another softrnic understood: a real librdmacm peer dropped our credits and read
+// our control messages as data (Rsocket.ImmediateDataIsRsocketV1Encoded).
+constexpr uint32_t kOpShift = 29;
+constexpr uint32_t kOpData = 0u << kOpShift, kOpWrite = 2u << kOpShift, kOpSgl = 4u << kOpShift,
+                   kOpIomapSgl = 6u << kOpShift, kOpCtrl = 7u << kOpShift;
 constexpr uint32_t kCtrlDisconnect = 0, kCtrlKeepalive = 1, kCtrlShutdown = 2;
-inline uint32_t msg_op(uint32_t imm) { return imm & 0xF0000000u; }
-inline uint32_t msg_data(uint32_t imm) { return imm & 0x0FFFFFFFu; }
+inline uint32_t msg_op(uint32_t imm) { return imm & (7u << kOpShift); }
+inline uint32_t msg_data(uint32_t imm) { return imm & ((1u << kOpShift) - 1); }
 constexpr uint8_t kConnFlagNet = 1, kConnFlagIomap = 2;
 constexpr int kSglSize = 2;
 constexpr int kCtrlSlots = 4;  // send WRs kept for credit / control messages

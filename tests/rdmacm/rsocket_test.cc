@@ -431,7 +431,7 @@ struct PostHook {
 // A target SGL update (rsocket.c rs_send_credits): a 16-byte WRITE WITH IMM, op RS_OP_SGL.
 bool is_sgl_update(const ibv_send_wr* wr) {
   return wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && wr->num_sge == 1 && wr->sg_list[0].length == 16 &&
-         (be32toh(wr->imm_data) >> 28) == 4;
+         (be32toh(wr->imm_data) >> 29) == 4;
 }
 
 // One posted update, its 16 bytes copied (they lie on the poster's stack), to post again.
@@ -454,6 +454,46 @@ struct SavedWr {
     return g_orig_post(qp, &wr, &bad);
   }
 };
+
+// The immediate data is rsocket.c's (protocol version 1): the op in bits 31..29, its data in
+// bits 28..0. A data WRITE carries op 0 (RS_OP_DATA) and its byte count, a target-SGL update
+// (16 bytes) op 4 (RS_OP_SGL) and the credits, a shutdown op 7 (RS_OP_CTRL) and
+// RS_CTRL_SHUTDOWN (2) or RS_CTRL_DISCONNECT (0). A real librdmacm peer reads them so.
+TEST(Rsocket, ImmediateDataIsRsocketV1Encoded) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  struct Seen {
+    uint32_t imm, bytes;
+  };
+  std::vector<Seen> seen;
+  seen.reserve(64);
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+      if (w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || seen.size() == seen.capacity()) continue;
+      uint32_t b = 0;
+      for (int i = 0; i < w->num_sge; ++i) b += w->sg_list[i].length;
+      seen.push_back({be32toh(w->imm_data), b});
+    }
+    return g_orig_post(qp, wr, bad);
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  char c[3];
+  ASSERT_EQ(rrecv(p.sfd, c, 1, MSG_DONTWAIT), -1);  // the server's first credits
+  ASSERT_EQ(rsend(p.cfd, "abc", 3, 0), 3);
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(c), 3), 3);
+  ASSERT_EQ(rshutdown(p.cfd, SHUT_WR), 0);
+  bool sgl = false, data = false, ctrl = false;
+  for (const Seen& s : seen) {
+    const uint32_t op = s.imm >> 29, d = s.imm & 0x1FFFFFFFu;
+    EXPECT_TRUE(op == 0 || op == 4 || op == 6 || op == 7) << std::hex << s.imm;
+    sgl |= op == 4 && s.bytes == 16 && d != 0;
+    data |= op == 0 && d == 3 && s.bytes == 3;
+    ctrl |= op == 7 && (d == 2 || d == 0) && s.bytes == 0;
+  }
+  EXPECT_TRUE(sgl) << "no 16-byte RS_OP_SGL update";
+  EXPECT_TRUE(data) << "no RS_OP_DATA of 3 bytes";
+  EXPECT_TRUE(ctrl) << "no RS_OP_CTRL shutdown";
+}
 
 // The server's first update (its half 1 into the client's slot 1) is split: its 16 bytes go
 // as a plain WRITE, the WRITE WITH IMM that announces them comes later. Until then the slot
@@ -611,7 +651,7 @@ TEST(Rsocket, FailedControlPostGivesItsSlotBack) {
   ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(&c), 1), 1);
   bool armed = true;
   PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-    bool ctrl = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && wr->num_sge == 0 && (be32toh(wr->imm_data) >> 28) == 7;
+    bool ctrl = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && wr->num_sge == 0 && (be32toh(wr->imm_data) >> 29) == 7;
     if (!armed || !ctrl) return g_orig_post(qp, wr, bad);
     armed = false;
     *bad = wr;
