@@ -927,6 +927,7 @@ Status Device::destroy_qp(const std::shared_ptr<Qp>& qp) {
     qps_.erase(qp->qpn());
     if (TransportHooks* h = hooks()) h->on_destroy(*qp);
   }
+  if (TransportHooks* h = hooks()) h->on_after_destroy(*qp);
   if (qp->type() == QpType::kUd) detach_all_mcast(qp->qpn());  // as rxe on destroy
   if (qp->pd_) qp->pd_->drop_user();
   if (qp->send_cq_) qp->send_cq_->users_.fetch_sub(1);

@@ -35,6 +35,9 @@ class TransportHooks {
   // qp is being destroyed (already unreachable by QPN lookup). Both locks held. After
   // return the transports must hold no reference to qp's queues or timers.
   virtual void on_destroy(Qp& qp) = 0;
+  // destroy_qp(qp) has released qp's locks; qp is out of the QPN table. No emu lock held. The
+  // transport lets go of what it kept of qp (Engine: its receive lookups' cache).
+  virtual void on_after_destroy(Qp& qp) { (void)qp; }
   // An application thread posted to a send or receive queue (post_send, post_recv, an SRQ's
   // post_recv), whatever the result. Called with no emu lock held, after the queue's own
   // hook: a busy-polling application is in the library here, not away (Engine::on_app_post).

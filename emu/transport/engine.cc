@@ -1061,8 +1061,10 @@ void reset_transport(Qp& qp) {
   r.pkts_since_ackreq = 0;
   r.rd_atomic_inflight = 0;
   r.rnr_wait = false;
+  r.lkeys.clear();  // a QP reset lets go of the MRs it remembered (MrCache)
   RespState& s = qp.resp_;
   s.ready = false;
+  s.rkeys.clear();
   s.epsn = s.msn = 0;
   s.nak_sent = s.rnr_gap = s.uc_drop = false;
   s.inorder_sport = 0;
@@ -1218,6 +1220,16 @@ void Engine::on_destroy(Qp& qp) {
   qp.comp_.rnr_deadline_ns = 0;
   // A timer entry of the QP stays in the heap until it is due; its weak_ptr is dead by then
   // or the QP is `dead` (run_timers skips both).
+}
+
+void Engine::on_after_destroy(Qp& qp) {
+  (void)qp;
+  RxQpSlot gone[kRxQpSlots];  // released after the lock: a last reference ends a Qp
+  {
+    std::lock_guard lk(rx_mu_);  // as on_before_destroy: no QP lock held here
+    for (uint32_t i = 0; i < kRxQpSlots; ++i) gone[i] = std::move(rx_qps_[i]);
+    rx_qps_gen_ = dev_->qp_table_generation();
+  }
 }
 
 void Engine::on_poll_empty(Cq& cq) {

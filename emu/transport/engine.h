@@ -391,6 +391,7 @@ class Engine final : public TransportHooks {
   void on_modify(Qp& qp, QpState from, QpState to) override;
   void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
+  void on_after_destroy(Qp& qp) override;
   void on_app_post() override;
   void on_app_enter() override;
   void on_poll_empty(Cq& cq) override;
@@ -507,8 +508,9 @@ class Engine final : public TransportHooks {
   wire::RxDesc rx_descs_[kRxBatch];
   ScatterCache rx_scatter_;  // the batch's scatter checks (drain_locked, under rx_mu_)
   // rx_find_qp's cache (rx_mu_), direct-mapped by the QPN's low bits (QPNs are random).
-  // All of it is dropped when the QP table's generation moves, so a destroyed QP is let go
-  // at the next packet received.
+  // All of it is dropped when the QP table's generation moves (at the next packet), and by
+  // on_after_destroy: a destroyed QP is let go when destroy_qp returns, even on an engine
+  // that receives nothing more (its CQs, and their moderation timers, go with it).
   struct RxQpSlot {
     uint32_t qpn = 0;
     std::shared_ptr<Qp> qp;

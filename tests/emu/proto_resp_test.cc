@@ -651,10 +651,10 @@ TEST_F(RespTest, CorruptIcrcIsDroppedAndCounted) {
   EXPECT_EQ(step().size(), 1u);
 }
 
-// The receive context remembers its recent QP lookups (Engine::rx_find_qp). A destroyed QP's
-// number is unknown from then on (no packet reaches the dead QP through the cache), and the
-// cache lets the object go at the next packet.
-TEST_F(RespTest, DestroyedQpIsUnknownAtOnceAndLetGo) {
+// The receive context remembers its recent QP lookups (Engine::rx_find_qp). A destroyed QP is
+// let go when destroy_qp returns, with no packet after it (its CQs and their timers go with
+// it), and its number is unknown from then on.
+TEST_F(RespTest, DestroyedQpIsLetGoAndUnknownAtOnce) {
   post_rbuf(1);
   p.send(req(op::kRcSendOnly, kEpsn), bytes(16, 3));
   ASSERT_EQ(step().size(), 1u);  // its ACK: the lookup is remembered
@@ -662,10 +662,27 @@ TEST_F(RespTest, DestroyedQpIsUnknownAtOnceAndLetGo) {
   std::weak_ptr<Qp> gone = qp;
   ASSERT_TRUE(s.dev->destroy_qp(qp).is_ok());
   qp.reset();
+  EXPECT_TRUE(gone.expired());
   p.send(f, bytes(4, 1));
   EXPECT_EQ(step().size(), 0u);
   EXPECT_EQ(s.eng->counters().get(Ctr::kDropUnknownQpn), 1u);
-  EXPECT_TRUE(gone.expired());
+}
+
+// The lookup remembered again while destroy_qp runs (a drain between its first hook and the
+// QP leaving the table), here made by taking the engine's hooks away for the destroy: the QP
+// table's generation drops the entry at the next packet, and the QPN is unknown.
+TEST_F(RespTest, QpRememberedAcrossItsDestroyIsUnknownAtTheNextPacket) {
+  post_rbuf(1);
+  p.send(req(op::kRcSendOnly, kEpsn), bytes(16, 3));
+  ASSERT_EQ(step().size(), 1u);  // its ACK: the lookup is remembered
+  post_rbuf(2);
+  wire::PacketFields f = req(op::kRcSendOnly, kEpsn + 1);
+  s.dev->set_hooks(nullptr);
+  ASSERT_TRUE(s.dev->destroy_qp(qp).is_ok());
+  s.dev->set_hooks(s.eng.get());
+  p.send(f, bytes(4, 1));
+  EXPECT_EQ(step().size(), 0u);  // no ACK: not delivered to the destroyed QP
+  EXPECT_EQ(s.eng->counters().get(Ctr::kDropUnknownQpn), 1u);
 }
 
 TEST_F(RespTest, UnknownQpnAndWrongSourceAreDropped) {
