@@ -86,6 +86,33 @@ ssize_t rx(int fd, void* b, size_t n, bool busy, sockaddr_in* from, uint64_t dea
   }
 }
 
+// One sendmsg of len bytes cut into seg-byte datagrams (UDP_SEGMENT), to `to` (or the
+// connected peer when null); waits out a full socket buffer, and exits on any other error (a
+// bench that hangs on a refused send measures nothing).
+void gso_sendmsg(int fd, const sockaddr_in* to, char* p, size_t len, uint16_t seg) {
+  iovec v{p, len};
+  char ctl[CMSG_SPACE(sizeof(uint16_t))] = {};
+  msghdr h{};
+  h.msg_name = const_cast<sockaddr_in*>(to);
+  h.msg_namelen = to != nullptr ? sizeof *to : 0;
+  h.msg_iov = &v;
+  h.msg_iovlen = 1;
+  h.msg_control = ctl;
+  h.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&h);
+  c->cmsg_level = IPPROTO_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  memcpy(CMSG_DATA(c), &seg, sizeof seg);
+  while (sendmsg(fd, &h, 0) < 0) {
+    if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
+      perror("udp_peer: sendmsg (UDP_SEGMENT)");
+      exit(1);
+    }
+    sched_yield();
+  }
+}
+
 // The roce mode's wire shape of one message: kRocePayload-byte packets with kReqOverhead
 // bytes each, then the ACK; sent in GSO runs of at most kGsoSegs segments.
 constexpr size_t kRocePayload = 4096;
@@ -106,23 +133,7 @@ void send_msg(int fd, const sockaddr_in& to, char* buf, size_t size, bool roce) 
   // run's segments are all `seg` bytes but its last, so a short last packet goes alone.
   const size_t last = size - (pkts - 1) * kRocePayload + kReqOverhead;
   size_t full = last == seg ? pkts : pkts - 1;  // packets of exactly seg bytes
-  auto gso_send = [&](size_t len, uint16_t gso) {
-    iovec v{buf, len};
-    char ctl[CMSG_SPACE(sizeof(uint16_t))] = {};
-    msghdr h{};
-    h.msg_name = const_cast<sockaddr_in*>(&to);
-    h.msg_namelen = sizeof to;
-    h.msg_iov = &v;
-    h.msg_iovlen = 1;
-    h.msg_control = ctl;
-    h.msg_controllen = sizeof ctl;
-    cmsghdr* c = CMSG_FIRSTHDR(&h);
-    c->cmsg_level = IPPROTO_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    memcpy(CMSG_DATA(c), &gso, sizeof gso);
-    while (sendmsg(fd, &h, 0) < 0 && (errno == EAGAIN || errno == ENOBUFS)) sched_yield();
-  };
+  auto gso_send = [&](size_t len, uint16_t gso) { gso_sendmsg(fd, &to, buf, len, gso); };
   // Full runs first; the final run carries the remaining full packets and the ACK (and the
   // short last packet, alone before it, if there is one). A run is one UDP datagram to the
   // kernel: at most 65,507 bytes.
@@ -238,22 +249,8 @@ int stream(bool server, int port, size_t size, double secs, bool gso) {
   std::vector<iovec> v(segs);
   while (now_ns() < end) {
     if (gso && size > kSeg) {
-      for (size_t off = 0; off < size; off += 15 * kSeg) {
-        iovec one{buf.data() + off, std::min(size - off, 15 * kSeg)};
-        char ctl[CMSG_SPACE(sizeof(uint16_t))] = {};
-        msghdr h{};
-        h.msg_iov = &one;
-        h.msg_iovlen = 1;
-        h.msg_control = ctl;
-        h.msg_controllen = sizeof ctl;
-        cmsghdr* c = CMSG_FIRSTHDR(&h);
-        c->cmsg_level = IPPROTO_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = kSeg;
-        memcpy(CMSG_DATA(c), &seg, sizeof seg);
-        while (sendmsg(fd, &h, 0) < 0 && (errno == EAGAIN || errno == ENOBUFS)) sched_yield();
-      }
+      for (size_t off = 0; off < size; off += 15 * kSeg)
+        gso_sendmsg(fd, nullptr, buf.data() + off, std::min(size - off, 15 * kSeg), kSeg);
       continue;
     }
     for (size_t i = 0; i < segs; ++i) {
