@@ -566,7 +566,6 @@ int progress(Rs* r) {
             if (r->st == St::kConnected) mark_dead(r, w.status == IBV_WC_WR_FLUSH_ERR ? 0 : ECONNRESET);
             continue;
           }
-          r->rseq_no++;
           uint32_t imm = be32toh(w.imm_data);
           if (r->st == St::kConnected || r->st == St::kClosedByPeer) post_recv(r);
           switch (msg_op(imm)) {
@@ -599,6 +598,11 @@ int progress(Rs* r) {
               }
               break;
             case kOpData:
+              // Message credits count data messages only, as rsocket.c's rseq_no: counting the
+              // peer's credit and control messages too (until 2026-12-07) granted a message
+              // credit for each of them, a surplus that grew for the connection's life and let
+              // a peer run past our posted receives (RNR NAKs).
+              r->rseq_no++;
               if (msg_data(imm) > 0) r->rmsg.push_back(msg_data(imm));
               break;
             default:

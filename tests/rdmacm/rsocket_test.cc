@@ -495,6 +495,58 @@ TEST(Rsocket, ImmediateDataIsRsocketV1Encoded) {
   EXPECT_TRUE(ctrl) << "no RS_OP_CTRL shutdown";
 }
 
+// Message credits count the peer's data messages only (rsocket.c's rseq_no). A client that
+// only sends receives nothing but the server's credit updates, so every credit it gives back
+// names the same limit (none of its receives went to data); counting those updates as
+// messages made the limit grow by one for each of them.
+TEST(Rsocket, MessageCreditsCountDataMessagesOnly) {
+  Pair p;
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  struct Seen {
+    ibv_qp* qp;
+    uint32_t imm;
+  };
+  std::vector<Seen> seen;
+  seen.reserve(4096);
+  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+    for (const ibv_send_wr* w = wr; w != nullptr; w = w->next)
+      if (w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && seen.size() < seen.capacity())
+        seen.push_back({qp, be32toh(w->imm_data)});
+    return g_orig_post(qp, wr, bad);
+  });
+  ASSERT_NE(hook.ctx, nullptr);
+  // 16 MiB one way: the server gives credits back every half ring (64 KiB), ~256 times.
+  constexpr size_t kChunk = size_t{1} << 16, kTotal = size_t{16} << 20;
+  std::vector<uint8_t> out(kChunk), in(kChunk);
+  pattern(out, 3);
+  std::thread reader([&] {
+    for (size_t got = 0; got < kTotal;) {
+      ssize_t r = rrecv(p.sfd, in.data(), in.size(), 0);
+      if (r <= 0) return;
+      got += static_cast<size_t>(r);
+    }
+  });
+  for (size_t sent = 0; sent < kTotal; sent += kChunk)
+    ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data(), kChunk));
+  reader.join();
+  ibv_qp* client = nullptr;  // the QP that posted data
+  for (const Seen& x : seen)
+    if (x.imm >> 29 == 0) client = x.qp;
+  ASSERT_NE(client, nullptr);
+  std::vector<uint32_t> limits;
+  size_t server_updates = 0;
+  for (const Seen& x : seen) {
+    if (x.imm >> 29 != 4) continue;
+    if (x.qp == client)
+      limits.push_back(x.imm & 0xFFFFu);
+    else
+      ++server_updates;
+  }
+  EXPECT_GE(server_updates, 200u);
+  ASSERT_FALSE(limits.empty());
+  for (uint32_t l : limits) EXPECT_EQ(l, limits[0]) << "the client's credit limit moved";
+}
+
 // The server's first update (its half 1 into the client's slot 1) is split: its 16 bytes go
 // as a plain WRITE, the WRITE WITH IMM that announces them comes later. Until then the slot
 // holds a valid-looking SGE whose completion the client has not seen; the client must not
