@@ -65,7 +65,23 @@ HARDWARE = [
     # Not hardware: this host has no 2M huge pages reserved (vm.nr_hugepages = 0).
     ('host without 2M huge pages (test environment)',
      r'^There are no huge pages of size 2M allocated$'),
+    # Not hardware: the ASan build (child(): ASAN_FORK_SKIP).
+    ('ASan build: fork while other threads allocate (test environment)',
+     r'^ASan build: '),
 ]
+
+# Under ASan (the CI's asan configuration preloads libasan into python) a test that forks
+# while other threads of the process allocate can leave the child deadlocked for good: GCC
+# 12's libsanitizer does not take its allocator's locks around fork, so a lock another
+# thread held at the fork stays held in the child (a child's stack, 2026-12-07: its first
+# thread start waits in SizeClassAllocator64::GetFromAllocator). DMTest's multi-process
+# case forks python workers while the shim's threads run; it hung ~1 run in 15 there, and
+# passes in every other configuration, which still runs it.
+ASAN_FORK_SKIP = {
+    'tests.test_device.DMTest.test_multi_process_alloc_dm':
+        'ASan build: a fork while other threads allocate can deadlock the child '
+        "(GCC 12's libsanitizer allocator is not fork-safe)",
+}
 
 # Skips for features softrnic does not have yet (issue 14 and the rdma_cm issue). Each
 # entry: (label, regex over the skip reason, exact number of skipped tests). The wrapper
@@ -196,6 +212,15 @@ def child(tdir, out, pattern):
     if pattern:
         loader.testNamePatterns = ['*%s*' % pattern]
     suite = loader.loadTestsFromModule(tests)
+    if 'libasan' in os.environ.get('LD_PRELOAD', ''):
+        def skip_some(s):
+            for i, t in enumerate(s._tests):
+                if isinstance(t, unittest.TestSuite):
+                    skip_some(t)
+                elif t.id() in ASAN_FORK_SKIP:
+                    setattr(t, t._testMethodName, unittest.skip(ASAN_FORK_SKIP[t.id()])(
+                        getattr(t, t._testMethodName)))
+        skip_some(suite)
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2)
     t0 = time.monotonic()
     res = runner.run(suite)
