@@ -436,10 +436,7 @@ bool give_credits(Rs* r) {
 // The peer broke the target SGL protocol (or one of its credits landed twice): data sent on
 // would land where the peer does not expect it, so the connection fails (EPROTO) instead,
 // with one line on stderr (base/log.h's form; this library has no logger of its own).
-std::atomic<uint64_t> g_sgl_violations{0};
-
 void sgl_violation(Rs* r, const char* what) {
-  g_sgl_violations.fetch_add(1, std::memory_order_relaxed);
   char line[160];
   int n = std::snprintf(line, sizeof line, "softrnic[%d] error: rsocket %d: %s\n", static_cast<int>(getpid()), r->fd,
                         what);

@@ -455,6 +455,30 @@ struct SavedWr {
   }
 };
 
+// Every RDMA WRITE WITH IMM the library posts (both ends of a Pair share the one context):
+// its QP, immediate (host order) and byte count, up to `cap` of them.
+struct ImmRecorder {
+  struct Seen {
+    ibv_qp* qp;
+    uint32_t imm, bytes;
+  };
+  std::vector<Seen> seen;
+  PostHook hook;
+  explicit ImmRecorder(size_t cap)
+      : hook([this](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+          for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+            if (w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || seen.size() == seen.capacity())
+              continue;
+            uint32_t b = 0;
+            for (int i = 0; i < w->num_sge; ++i) b += w->sg_list[i].length;
+            seen.push_back({qp, be32toh(w->imm_data), b});
+          }
+          return g_orig_post(qp, wr, bad);
+        }) {
+    seen.reserve(cap);
+  }
+};
+
 // The immediate data is rsocket.c's (protocol version 1): the op in bits 31..29, its data in
 // bits 28..0. A data WRITE carries op 0 (RS_OP_DATA) and its byte count, a target-SGL update
 // (16 bytes) op 4 (RS_OP_SGL) and the credits, a shutdown op 7 (RS_OP_CTRL) and
@@ -462,28 +486,15 @@ struct SavedWr {
 TEST(Rsocket, ImmediateDataIsRsocketV1Encoded) {
   Pair p;
   ASSERT_TRUE(p.ok) << strerror(errno);
-  struct Seen {
-    uint32_t imm, bytes;
-  };
-  std::vector<Seen> seen;
-  seen.reserve(64);
-  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-    for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
-      if (w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || seen.size() == seen.capacity()) continue;
-      uint32_t b = 0;
-      for (int i = 0; i < w->num_sge; ++i) b += w->sg_list[i].length;
-      seen.push_back({be32toh(w->imm_data), b});
-    }
-    return g_orig_post(qp, wr, bad);
-  });
-  ASSERT_NE(hook.ctx, nullptr);
+  ImmRecorder rec(64);
+  ASSERT_NE(rec.hook.ctx, nullptr);
   char c[3];
   ASSERT_EQ(rrecv(p.sfd, c, 1, MSG_DONTWAIT), -1);  // the server's first credits
   ASSERT_EQ(rsend(p.cfd, "abc", 3, 0), 3);
   ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(c), 3), 3);
   ASSERT_EQ(rshutdown(p.cfd, SHUT_WR), 0);
   bool sgl = false, data = false, ctrl = false;
-  for (const Seen& s : seen) {
+  for (const ImmRecorder::Seen& s : rec.seen) {
     const uint32_t op = s.imm >> 29, d = s.imm & 0x1FFFFFFFu;
     EXPECT_TRUE(op == 0 || op == 4 || op == 6 || op == 7) << std::hex << s.imm;
     sgl |= op == 4 && s.bytes == 16 && d != 0;
@@ -502,19 +513,8 @@ TEST(Rsocket, ImmediateDataIsRsocketV1Encoded) {
 TEST(Rsocket, MessageCreditsCountDataMessagesOnly) {
   Pair p;
   ASSERT_TRUE(p.ok) << strerror(errno);
-  struct Seen {
-    ibv_qp* qp;
-    uint32_t imm;
-  };
-  std::vector<Seen> seen;
-  seen.reserve(4096);
-  PostHook hook([&](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-    for (const ibv_send_wr* w = wr; w != nullptr; w = w->next)
-      if (w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && seen.size() < seen.capacity())
-        seen.push_back({qp, be32toh(w->imm_data)});
-    return g_orig_post(qp, wr, bad);
-  });
-  ASSERT_NE(hook.ctx, nullptr);
+  ImmRecorder rec(4096);
+  ASSERT_NE(rec.hook.ctx, nullptr);
   // 16 MiB one way: the server gives credits back every half ring (64 KiB), ~256 times.
   constexpr size_t kChunk = size_t{1} << 16, kTotal = size_t{16} << 20;
   std::vector<uint8_t> out(kChunk), in(kChunk);
@@ -530,12 +530,12 @@ TEST(Rsocket, MessageCreditsCountDataMessagesOnly) {
     ASSERT_NO_FATAL_FAILURE(send_all(p.cfd, out.data(), kChunk));
   reader.join();
   ibv_qp* client = nullptr;  // the QP that posted data
-  for (const Seen& x : seen)
+  for (const ImmRecorder::Seen& x : rec.seen)
     if (x.imm >> 29 == 0) client = x.qp;
   ASSERT_NE(client, nullptr);
   std::vector<uint32_t> limits;
   size_t server_updates = 0;
-  for (const Seen& x : seen) {
+  for (const ImmRecorder::Seen& x : rec.seen) {
     if (x.imm >> 29 != 4) continue;
     if (x.qp == client)
       limits.push_back(x.imm & 0xFFFFu);
