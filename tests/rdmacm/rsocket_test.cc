@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -456,25 +457,32 @@ struct SavedWr {
 };
 
 // Every RDMA WRITE WITH IMM the library posts (both ends of a Pair share the one context):
-// its QP, immediate (host order) and byte count, up to `cap` of them.
+// its QP, immediate (host order) and byte count, up to `cap` of them. The two ends may post
+// from two threads at once (a reader thread's rrecv gives credits): the list has a lock.
+// Read `seen` once no thread posts any more.
 struct ImmRecorder {
   struct Seen {
     ibv_qp* qp;
     uint32_t imm, bytes;
   };
+  std::mutex mu;
   std::vector<Seen> seen;
   PostHook hook;
   explicit ImmRecorder(size_t cap)
       : hook([this](ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-          for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
-            if (w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || seen.size() == seen.capacity())
-              continue;
-            uint32_t b = 0;
-            for (int i = 0; i < w->num_sge; ++i) b += w->sg_list[i].length;
-            seen.push_back({qp, be32toh(w->imm_data), b});
+          {
+            std::lock_guard lk(mu);
+            for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+              if (w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || seen.size() == seen.capacity())
+                continue;
+              uint32_t b = 0;
+              for (int i = 0; i < w->num_sge; ++i) b += w->sg_list[i].length;
+              seen.push_back({qp, be32toh(w->imm_data), b});
+            }
           }
           return g_orig_post(qp, wr, bad);
         }) {
+    std::lock_guard lk(mu);
     seen.reserve(cap);
   }
 };
