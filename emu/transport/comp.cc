@@ -369,6 +369,9 @@ CompStep rnr_retry(Engine& e, Qp& qp, const Resp& k) {
     return CompStep::kUpdateComp;
   }
   if (c.rnr_retry != 7) --c.rnr_left;
+  // The receiver is behind with its posts: send it less at a time (a CNP's decrease, one a
+  // window), so the next RNR NAK finds less in flight behind it to resend.
+  if (win_cut(c.win, qp.req_.max_psn, /*loss=*/false)) bump(c.ctr, e.counters(), Ctr::kWindowCuts);
   qp.req_.rnr_wait = true;
   comp_disarm_retrans(c);  // a timeout during an RNR wait is deferred
   c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(k.p.aeth().syndrome()));

@@ -116,6 +116,38 @@ TEST_F(RecoveryTest, NakInAFullWindowResendsAtMostHalfTheWindow) {
   EXPECT_EQ(cwnd(), kMaxUnackedPsns / 4);
 }
 
+// An RNR NAK: the receiver is behind with its posts. The requester halves its window (once a
+// window, as for a CNP), so what it has in flight behind the next RNR'd request, all of it
+// resent after the RNR timer, is half as much (ib_send_bw -q 4: retrans_pkts 2-5x fewer).
+TEST_F(RecoveryTest, RnrNakHalvesTheWindowOnceAWindow) {
+  for (uint32_t i = 0; i < 8; ++i) write_pkts(i, 100, i * 100 * 1024);  // 800 packets
+  ASSERT_EQ(sent().size(), kMaxUnackedPsns);
+  respond(op::kRcAcknowledge, kSpsn + 10, aeth::rnr_nak(1));
+  EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 1u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(sent().size(), 0u);  // nothing before the RNR timer
+  // The timers at the RNR deadline (10 us): firing all of them at once would run the local
+  // ACK timeout, re-armed by the NAK's implicit acknowledgement of 500..509, as well.
+  uint64_t rnr_at = 0;
+  {
+    std::lock_guard lk(qp->send_mutex());
+    rnr_at = qp->comp_.rnr_deadline_ns;
+  }
+  ASSERT_NE(rnr_at, 0u);
+  s.eng->run_timers(rnr_at);
+  // From the RNR'd PSN (its NAK acknowledged 500..509), as far as the halved window allows.
+  auto out = sent();
+  ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
+  EXPECT_EQ(out.front().psn(), kSpsn + 10);
+  EXPECT_EQ(out.back().psn(), kSpsn + 10 + kMaxUnackedPsns / 2 - 1);
+  // Another RNR NAK within the same window: waits again, no second cut.
+  respond(op::kRcAcknowledge, kSpsn + 20, aeth::rnr_nak(1));
+  EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 2u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+}
+
 // Random loss is not congestion: every loss halves the window, but never below kLossFloor,
 // and each NAK resends from its own PSN exactly the (floored) window's worth.
 TEST_F(RecoveryTest, LossesNeverCutTheWindowBelowTheFloor) {
