@@ -11,11 +11,14 @@
 //   peer may write first, the address of our target SGL array (2 entries) and of the iomap
 //   table after it, and the receive credits (rq_size).
 // - data: RDMA WRITE WITH IMM into the peer's rbuf, imm = OP_DATA | length (big endian);
-//   every received message (data or control) consumes one receive WR and one credit.
+//   every received message (data or control) consumes one receive WR; data messages (and,
+//   sent, iomap announcements) also one message credit.
 // - credits: the receiver RDMA-WRITEs the next free rbuf half (an rs_sge) into the sender's
 //   target SGL slot, imm = OP_SGL | (rseq_no + rq_size) = the sender's new credit limit; or a
 //   zero-length write with that imm when no half is free yet.
-// - control: zero-length WRITE WITH IMM, imm = OP_CTRL | DISCONNECT / SHUTDOWN / KEEPALIVE.
+// - control: zero-length WRITE WITH IMM, imm = OP_CTRL | DISCONNECT / SHUTDOWN (rsocket.c's
+//   keepalive is a zero-length RDMA WRITE without immediate, which its peer never sees; we
+//   send none, and accept an OP_CTRL | KEEPALIVE immediate as a no-op).
 // - iomap: riomap'd memory is announced by RDMA-WRITE-ing an rs_iomap into the peer's iomap
 //   table slot, imm = OP_IOMAP_SGL | index; riowrite is a plain RDMA WRITE there.
 // Threads: one mutex per rsocket, held while its state changes, released while blocking.
@@ -92,9 +95,11 @@ struct ConnData {  // rs_conn_data, big-endian fields
 };
 static_assert(sizeof(ConnData) == 40);
 
-// rs_value_to_scale / rs_scale_to_value with 8 bits
-uint8_t value_to_scale(uint32_t v) { return v <= 0x7F ? static_cast<uint8_t>(v) : static_cast<uint8_t>(0x80 | (v >> 8)); }
-uint32_t scale_to_value(uint8_t s) { return (s & 0x80) ? static_cast<uint32_t>(s & 0x7F) << 8 : s; }
+// rsocket.c's 8-bit scale (the iomap table size in the connect data): up to 0x80 the value
+// itself, above it 0x80 | value / 256. 0x80 is 128 entries (until 2026-12-07 we read it as
+// 0, and rounded an RDMA_IOMAPSIZE of 128..255 down to no table at all).
+uint8_t value_to_scale(uint32_t v) { return v <= 0x80 ? static_cast<uint8_t>(v) : static_cast<uint8_t>(0x80 | (v >> 8)); }
+uint32_t scale_to_value(uint8_t s) { return s <= 0x80 ? s : static_cast<uint32_t>(s & 0x7F) << 8; }
 
 // wr_id of our send WRs: kind in bits 32..39, sbuf bytes in the low 32.
 enum WrKind : uint64_t { kWrData = 1, kWrCtrl = 2, kWrIomap = 3, kWrWrite = 4 };
@@ -244,9 +249,11 @@ int create_res(Rs* r) {
   if (ctx == nullptr) return fail(ENODEV);
   ibv_device_attr da{};
   if (ibv_query_device(ctx, &da) == 0) {
+    // The receive queue holds kCtrlSlots more than the credits (control messages): keep the
+    // sum within the device's limit, or the QP is refused.
     uint32_t mx = static_cast<uint32_t>(da.max_qp_wr);
     r->sq_size = std::min(r->sq_size, mx);
-    r->rq_size = std::min(r->rq_size, mx);
+    if (mx > kCtrlSlots) r->rq_size = std::min(r->rq_size, mx - kCtrlSlots);
   }
   r->sq_size = std::max<uint32_t>(r->sq_size, kCtrlSlots + 2);
   r->rq_size = std::max<uint32_t>(r->rq_size, 2);
@@ -925,11 +932,9 @@ int send_iomaps(Rs* r, std::unique_lock<std::mutex>& lk, bool nb) {
 const WireIomap* find_iomap(Rs* r, uint64_t offset, WireIomap* out) {
   for (uint32_t i = 0; i < r->iomap_size; ++i) {
     WireIomap m;
+    // The peer writes its entries in our byte order (it swaps, as send_iomaps does for it):
+    // read as they are, as the target SGL slots (take_target).
     std::memcpy(&m, &target_iomap(r)[i], sizeof m);
-    m.offset = sw64(m.offset, r->swap);
-    m.sge.addr = sw64(m.sge.addr, r->swap);
-    m.sge.length = sw32(m.sge.length, r->swap);
-    m.sge.key = sw32(m.sge.key, r->swap);
     if (m.sge.length && offset >= m.offset && offset < m.offset + m.sge.length) {
       *out = m;
       return out;

@@ -74,7 +74,7 @@ uint16_t next_port() {
 struct Pair {
   int lfd = -1, cfd = -1, sfd = -1;
   bool ok = false;
-  explicit Pair(int iomap = 0) {
+  explicit Pair(int iomap = 0, int rq = 0) {
     uint16_t port = next_port();
     sockaddr_in a = addr4(port);
     lfd = rsocket(AF_INET, SOCK_STREAM, 0);
@@ -82,11 +82,18 @@ struct Pair {
     int one = 1;
     rsetsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (iomap) rsetsockopt(lfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
+    if (rq) rsetsockopt(lfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
     if (rbind(lfd, sa(a), sizeof a) != 0 || rlisten(lfd, 4) != 0) return;
     cfd = rsocket(AF_INET, SOCK_STREAM, 0);
     if (cfd < 0) return;
     if (iomap) rsetsockopt(cfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
-    std::thread t([&] { sfd = raccept(lfd, nullptr, nullptr); });
+    if (rq) rsetsockopt(cfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
+    // Waits for the request 10 s at most: a connect that fails on our side sends none, and a
+    // blocking raccept would hang the test instead of failing it.
+    std::thread t([&] {
+      pollfd pf{lfd, POLLIN, 0};
+      if (rpoll(&pf, 1, 10000) == 1) sfd = raccept(lfd, nullptr, nullptr);
+    });
     int rc = rconnect(cfd, sa(a), sizeof a);
     t.join();
     ok = rc == 0 && sfd >= 0;
@@ -796,6 +803,53 @@ TEST(Rsocket, IomapAndIowrite) {
   EXPECT_EQ(riounmap(p.sfd, target.data(), target.size()), 0);
   EXPECT_EQ(riounmap(p.sfd, target.data(), target.size()), -1);
   EXPECT_EQ(errno, EINVAL);
+}
+
+// RDMA_IOMAPSIZE is carried in the connect data as rsocket.c's 8-bit scale: up to 128 the
+// size itself (0x80 is 128), above it 0x80 | size / 256. Sizes round as rsocket.c rounds them
+// (128..255 to 128). A table of 128 then holds more than one mapping: before, 0x80 read as 0
+// entries, and the first riomap failed with ENOMEM.
+TEST(Rsocket, IomapSizeUsesTheRsocketScale) {
+  int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const std::pair<int, int> cases[] = {{1, 1},     {127, 127}, {128, 128}, {200, 128},
+                                       {255, 128}, {256, 256}, {300, 256}, {1000, 768}};
+  for (auto [set, want] : cases) {
+    int v = set, got = -1;
+    socklen_t l = sizeof got;
+    EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &v, sizeof v), 0);
+    EXPECT_EQ(rgetsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &got, &l), 0);
+    EXPECT_EQ(got, want) << set;
+  }
+  EXPECT_EQ(rclose(fd), 0);
+  Pair p(128);
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  std::vector<uint8_t> t1(4096, 0), t2(4096, 0), src(4096);
+  pattern(src, 21);
+  ASSERT_EQ(riomap(p.sfd, t1.data(), t1.size(), PROT_WRITE, 0, 0), 0) << strerror(errno);
+  ASSERT_EQ(riomap(p.sfd, t2.data(), t2.size(), PROT_WRITE, 0, 65536), 65536) << strerror(errno);
+  ASSERT_EQ(rsend(p.sfd, "go", 2, 0), 2);
+  char b[2];
+  ASSERT_EQ(recv_all(p.cfd, reinterpret_cast<uint8_t*>(b), 2), 2);
+  ASSERT_EQ(riowrite(p.cfd, src.data(), src.size(), 65536, 0), src.size()) << strerror(errno);
+  ASSERT_EQ(rsend(p.cfd, "ok", 2, 0), 2);
+  ASSERT_EQ(recv_all(p.sfd, reinterpret_cast<uint8_t*>(b), 2), 2);
+  EXPECT_EQ(t2, src);
+  EXPECT_EQ(t1, std::vector<uint8_t>(4096, 0));
+}
+
+// A receive queue as large as the device allows (RDMA_RQSIZE above its max_qp_wr, 16384):
+// the few receives kept for control messages come out of it, and the connection is made
+// (before, it asked for 16388 receive WRs and the QP was refused).
+TEST(Rsocket, LargestReceiveQueueConnects) {
+  Pair p(0, 1 << 20);
+  ASSERT_TRUE(p.ok) << strerror(errno);
+  std::vector<uint8_t> out(100000), in(out.size());
+  pattern(out, 4);
+  std::thread rx([&] { EXPECT_EQ(recv_all(p.sfd, in.data(), in.size()), static_cast<ssize_t>(in.size())); });
+  send_all(p.cfd, out.data(), out.size());
+  rx.join();
+  EXPECT_EQ(in, out);
 }
 
 // The mapping announcement is staged in the send buffer too. Here the staging offset is 16
