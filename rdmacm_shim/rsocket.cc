@@ -254,6 +254,10 @@ int create_res(Rs* r) {
     uint32_t mx = static_cast<uint32_t>(da.max_qp_wr);
     r->sq_size = std::min(r->sq_size, mx);
     if (mx > kCtrlSlots) r->rq_size = std::min(r->rq_size, mx - kCtrlSlots);
+    // And the one CQ takes both queues' completions: within the device's max_cqe too.
+    const uint32_t cqmx = static_cast<uint32_t>(da.max_cqe);
+    if (r->sq_size + r->rq_size + kCtrlSlots > cqmx && cqmx > r->sq_size + kCtrlSlots + 2)
+      r->rq_size = cqmx - r->sq_size - kCtrlSlots;
   }
   r->sq_size = std::max<uint32_t>(r->sq_size, kCtrlSlots + 2);
   r->rq_size = std::max<uint32_t>(r->rq_size, 2);
@@ -1476,10 +1480,10 @@ RDMACM_EXPORT int rsetsockopt(int socket, int level, int optname, const void* op
         if (v < 0) return fail(EINVAL);
         switch (optname) {
           case RDMA_SQSIZE:
-            r->sq_size = static_cast<uint32_t>(std::max(v, kCtrlSlots + 2));
+            r->sq_size = static_cast<uint32_t>(std::clamp(v, kCtrlSlots + 2, 0xFFFE));
             return 0;
-          case RDMA_RQSIZE:
-            r->rq_size = static_cast<uint32_t>(std::max(v, 2));
+          case RDMA_RQSIZE:  // the connect data's credits field is 16 bits (rsocket.c: 0xFFFE)
+            r->rq_size = static_cast<uint32_t>(std::clamp(v, 2, 0xFFFE));
             return 0;
           case RDMA_INLINE:
             r->sq_inline = static_cast<uint32_t>(std::min(v, 1024));

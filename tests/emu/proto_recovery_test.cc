@@ -129,13 +129,20 @@ TEST_F(RecoveryTest, RnrNakHalvesTheWindowOnceAWindow) {
   EXPECT_EQ(sent().size(), 0u);  // nothing before the RNR timer
   // The timers at the RNR deadline (10 us): firing all of them at once would run the local
   // ACK timeout, re-armed by the NAK's implicit acknowledgement of 500..509, as well.
-  uint64_t rnr_at = 0;
-  {
-    std::lock_guard lk(qp->send_mutex());
-    rnr_at = qp->comp_.rnr_deadline_ns;
-  }
-  ASSERT_NE(rnr_at, 0u);
-  s.eng->run_timers(rnr_at);
+  auto fire_rnr = [&] {
+    uint64_t rnr_at = 0, retrans_at = 0;
+    {
+      std::lock_guard lk(qp->send_mutex());
+      rnr_at = qp->comp_.rnr_deadline_ns;
+      retrans_at = qp->comp_.retrans_deadline_ns;
+    }
+    ASSERT_NE(rnr_at, 0u);
+    if (retrans_at != 0) {
+      ASSERT_LT(rnr_at, retrans_at);
+    }
+    s.eng->run_timers(rnr_at);
+  };
+  fire_rnr();
   // From the RNR'd PSN (its NAK acknowledged 500..509), as far as the halved window allows.
   auto out = sent();
   ASSERT_EQ(out.size(), kMaxUnackedPsns / 2);
@@ -146,6 +153,32 @@ TEST_F(RecoveryTest, RnrNakHalvesTheWindowOnceAWindow) {
   EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 2u);
   EXPECT_EQ(ctr(Ctr::kWindowCuts), 1u);
   EXPECT_EQ(cwnd(), kMaxUnackedPsns / 2);
+  // Once all of it is acknowledged, a later RNR NAK with a window in flight cuts again.
+  fire_rnr();  // the second RNR wait
+  for (int i = 0; i < 100; ++i) {
+    auto more = sent();
+    if (more.empty()) break;
+    ack(more.back().psn());
+  }
+  ASSERT_EQ(drain_cq(*s.scq).size(), 8u);
+  const uint32_t before = cwnd();
+  for (uint32_t i = 0; i < 4; ++i) write_pkts(10 + i, 100, i * 100 * 1024);
+  const auto burst = sent();
+  ASSERT_GE(burst.size(), 2 * kLossFloor);
+  respond(op::kRcAcknowledge, burst.front().psn(), aeth::rnr_nak(1));
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 2u);
+  EXPECT_EQ(cwnd(), std::max(before / 2, 1u));
+}
+
+// An RNR NAK with little in flight behind it (a request/response QP whose peer is late with
+// a receive): no cut, so such a QP keeps its window for a bulk transfer that may follow.
+TEST_F(RecoveryTest, RnrNakWithLittleInFlightKeepsTheWindow) {
+  write_pkts(1, 4);
+  ASSERT_EQ(sent().size(), 4u);
+  respond(op::kRcAcknowledge, kSpsn, aeth::rnr_nak(1));
+  EXPECT_EQ(ctr(Ctr::kRcvdRnrErr), 1u);
+  EXPECT_EQ(ctr(Ctr::kWindowCuts), 0u);
+  EXPECT_EQ(cwnd(), kMaxUnackedPsns);
 }
 
 // Random loss is not congestion: every loss halves the window, but never below kLossFloor,

@@ -74,7 +74,7 @@ uint16_t next_port() {
 struct Pair {
   int lfd = -1, cfd = -1, sfd = -1;
   bool ok = false;
-  explicit Pair(int iomap = 0, int rq = 0) {
+  explicit Pair(int iomap = 0, int rq = 0, int sq = 0) {
     uint16_t port = next_port();
     sockaddr_in a = addr4(port);
     lfd = rsocket(AF_INET, SOCK_STREAM, 0);
@@ -83,11 +83,13 @@ struct Pair {
     rsetsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (iomap) rsetsockopt(lfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
     if (rq) rsetsockopt(lfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
+    if (sq) rsetsockopt(lfd, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq);
     if (rbind(lfd, sa(a), sizeof a) != 0 || rlisten(lfd, 4) != 0) return;
     cfd = rsocket(AF_INET, SOCK_STREAM, 0);
     if (cfd < 0) return;
     if (iomap) rsetsockopt(cfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
     if (rq) rsetsockopt(cfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
+    if (sq) rsetsockopt(cfd, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq);
     // Waits for the request 10 s at most: a connect that fails on our side sends none, and a
     // blocking raccept would hang the test instead of failing it.
     std::thread t([&] {
@@ -838,11 +840,20 @@ TEST(Rsocket, IomapSizeUsesTheRsocketScale) {
   EXPECT_EQ(t1, std::vector<uint8_t>(4096, 0));
 }
 
-// A receive queue as large as the device allows (RDMA_RQSIZE above its max_qp_wr, 16384):
-// the few receives kept for control messages come out of it, and the connection is made
+// Queues as large as rsockets allows (RDMA_RQSIZE and RDMA_SQSIZE: 0xFFFE, above the
+// device's max_qp_wr, 16384): the receives kept for control messages come out of the receive
+// queue, and both queues' completions fit the one CQ (max_cqe 32767); the connection is made
 // (before, it asked for 16388 receive WRs and the QP was refused).
-TEST(Rsocket, LargestReceiveQueueConnects) {
-  Pair p(0, 1 << 20);
+TEST(Rsocket, LargestQueuesConnect) {
+  int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  int v = 1 << 20, got = 0;
+  socklen_t l = sizeof got;
+  EXPECT_EQ(rsetsockopt(fd, SOL_RDMA, RDMA_RQSIZE, &v, sizeof v), 0);
+  EXPECT_EQ(rgetsockopt(fd, SOL_RDMA, RDMA_RQSIZE, &got, &l), 0);
+  EXPECT_EQ(got, 0xFFFE);  // rsocket.c's cap: the credits field is 16 bits
+  EXPECT_EQ(rclose(fd), 0);
+  Pair p(0, 1 << 20, 1 << 20);
   ASSERT_TRUE(p.ok) << strerror(errno);
   std::vector<uint8_t> out(100000), in(out.size());
   pattern(out, 4);
