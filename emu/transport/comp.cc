@@ -374,9 +374,8 @@ CompStep rnr_retry(Engine& e, Qp& qp, const Resp& k) {
   // kLossFloor PSNs in flight behind the RNR'd one: with fewer the cut saves next to nothing,
   // and a request/response QP that meets RNR NAKs often would ratchet its window down to 1 for
   // the bulk transfer that may follow.
-  if (psn_diff(qp.req_.max_psn, k.psn) >= static_cast<int32_t>(kLossFloor) &&
-      win_cut(c.win, qp.req_.max_psn, /*loss=*/false))
-    bump(c.ctr, e.counters(), Ctr::kWindowCuts);
+  if (psn_diff(qp.req_.max_psn, k.psn) >= static_cast<int32_t>(kLossFloor))
+    window_cut(e, qp, /*loss=*/false);
   qp.req_.rnr_wait = true;
   comp_disarm_retrans(c);  // a timeout during an RNR wait is deferred
   c.rnr_deadline_ns = wire::monotonic_ns() + rnr_timer_ns(aeth::value(k.p.aeth().syndrome()));

@@ -214,7 +214,7 @@ def child(tdir, out, pattern):
     suite = loader.loadTestsFromModule(tests)
     if 'libasan' in os.environ.get('LD_PRELOAD', ''):
         def skip_some(s):
-            for i, t in enumerate(s._tests):
+            for t in s:
                 if isinstance(t, unittest.TestSuite):
                     skip_some(t)
                 elif t.id() in ASAN_FORK_SKIP:

@@ -81,15 +81,17 @@ struct Pair {
     if (lfd < 0) return;
     int one = 1;
     rsetsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (iomap) rsetsockopt(lfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
-    if (rq) rsetsockopt(lfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
-    if (sq) rsetsockopt(lfd, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq);
+    // The same SOL_RDMA options on both ends (the listener's pass to the accepted socket).
+    auto rdma_opts = [&](int fd) {
+      if (iomap) rsetsockopt(fd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
+      if (rq) rsetsockopt(fd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
+      if (sq) rsetsockopt(fd, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq);
+    };
+    rdma_opts(lfd);
     if (rbind(lfd, sa(a), sizeof a) != 0 || rlisten(lfd, 4) != 0) return;
     cfd = rsocket(AF_INET, SOCK_STREAM, 0);
     if (cfd < 0) return;
-    if (iomap) rsetsockopt(cfd, SOL_RDMA, RDMA_IOMAPSIZE, &iomap, sizeof iomap);
-    if (rq) rsetsockopt(cfd, SOL_RDMA, RDMA_RQSIZE, &rq, sizeof rq);
-    if (sq) rsetsockopt(cfd, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq);
+    rdma_opts(cfd);
     // Waits for the request 10 s at most: a connect that fails on our side sends none, and a
     // blocking raccept would hang the test instead of failing it.
     std::thread t([&] {
