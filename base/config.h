@@ -66,6 +66,8 @@ inline constexpr uint32_t kDefaultTxDefer = 1;
 // SOFTRNIC_ACK_HOLD_US default: how long an owed ACK waits for a post to carry it.
 inline constexpr uint32_t kDefaultAckHoldUs = 50;
 inline constexpr uint32_t kDefaultLingerUs = 5;
+// SOFTRNIC_RX_MARK_PCT default: receive-queue fill (percent) at which requests draw CNPs.
+inline constexpr uint32_t kDefaultRxMarkPct = 60;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {
@@ -84,6 +86,7 @@ struct Config {
   uint32_t ack_hold_us = kDefaultAckHoldUs;  // SOFTRNIC_ACK_HOLD_US (shim -> ack_hold_ns)
   uint32_t linger_us = kDefaultLingerUs;     // SOFTRNIC_LINGER_US (shim -> linger_ns)
   bool ack_tail = true;                      // SOFTRNIC_ACK_TAIL (shim -> EngineConfig)
+  uint32_t rx_mark_pct = kDefaultRxMarkPct;  // SOFTRNIC_RX_MARK_PCT (shim -> rx_mark_pct)
   bool one_copy = false;                     // SOFTRNIC_ONE_COPY (shim -> EngineConfig)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)

@@ -83,6 +83,11 @@ size_t MemPort::queued() const {
   return count_;
 }
 
+int MemPort::rx_fill_pct() const {
+  std::lock_guard lk(mu_);
+  return static_cast<int>(count_ * 100 / ring_.size());
+}
+
 bool MemPort::deliver(const Endpoint& src, const uint8_t* data, uint32_t len, uint16_t ip_id,
                       uint16_t seg_size) {
   std::lock_guard lk(mu_);

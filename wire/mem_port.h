@@ -73,6 +73,8 @@ class MemPort final : public Port {
 
   // Datagrams waiting.
   size_t queued() const;
+  // Datagrams waiting in percent of the queue's depth.
+  int rx_fill_pct() const override;
   // Receive as a socket with UDP_GRO does: a GSO descriptor sent to this port arrives as one
   // coalesced buffer (RxDesc::seg_size = its gso_size) instead of one datagram per segment.
   // Off by default. Set before traffic starts.

@@ -311,6 +311,12 @@ class Port {
 
   PortCounters counters() const;
 
+  // How full the receive queue is: the fullest of the port's unicast sockets, in percent of
+  // what it may hold before the kernel drops (rmem_alloc against rcvbuf; a MemPort: queued
+  // datagrams against its depth). -1 when the port cannot tell. A system call per socket:
+  // for a receive that found backlog (a full batch), not per packet.
+  virtual int rx_fill_pct() const { return -1; }
+
   // Installs (or with nullptr removes) the fault hook. The filter must outlive its
   // installation. A no-op returning false when faults are compiled out.
   // Not synchronised with in-flight calls beyond the pointer swap: install before

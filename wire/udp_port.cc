@@ -588,6 +588,20 @@ uint64_t UdpPort::kernel_drops() const {
   return n;
 }
 
+int UdpPort::rx_fill_pct() const {
+  int pct = -1;
+  for (size_t i = 0; i < nsocks_; ++i) {
+    uint32_t mi[SK_MEMINFO_VARS] = {};
+    socklen_t len = sizeof(mi);
+    if (getsockopt(socks_[i].fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 ||
+        len <= SK_MEMINFO_RCVBUF * sizeof(uint32_t) || mi[SK_MEMINFO_RCVBUF] == 0)
+      continue;
+    const uint64_t fill = uint64_t{mi[SK_MEMINFO_RMEM_ALLOC]} * 100 / mi[SK_MEMINFO_RCVBUF];
+    pct = std::max(pct, static_cast<int>(std::min<uint64_t>(fill, 100)));
+  }
+  return pct;
+}
+
 int UdpPort::recv_fd(int fd, const Endpoint& local, std::span<RxDesc> descs) {
   RxScratch& s = *rx_;
   size_t total = 0;

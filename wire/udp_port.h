@@ -94,6 +94,8 @@ class UdpPort final : public Port {
   // ENOSPC past kMaxGroups, or the socket's errno. Thread-safe against recv_batch.
   int join_group(const Endpoint& group, bool join) override;
   int group_wait_fd() const override { return gepfd_; }
+  // The fullest unicast socket's rmem_alloc against its rcvbuf (SO_MEMINFO).
+  int rx_fill_pct() const override;
   size_t groups() const { return ngroups_.load(std::memory_order_relaxed); }
   static constexpr size_t kMaxGroups = 64;
 

@@ -21,7 +21,7 @@ constexpr std::array<std::string_view, kNumCtrs> kNames = {
     "linger_hit",         "linger_expired",     "one_copy_tx",
     "one_copy_rx",        "drop_one_copy",      "busy_poll_taken",    "busy_poll_returned",
     "busy_poll_lease_ended", "timers_on_poll", "scatter_kept",  "rx_on_post",
-    "busy_poll_late_forgiven", "busy_poll_lease_kept",
+    "busy_poll_late_forgiven", "busy_poll_lease_kept", "rx_backlog_marks",
 };
 }  // namespace
 

@@ -114,6 +114,9 @@ enum class Ctr : uint8_t {
   kBusyPollLeaseKept,     // busy_poll_lease_kept (ours): looks at a run-out lease that kept
                           // it: an application thread inside a call of ours, or the thread
                           // that renewed it last waiting for a CPU (Engine::lease_holder_waits)
+  kRxBacklogMarks,       // rx_backlog_marks (ours): receive batches that found the port's
+                          // queue past SOFTRNIC_RX_MARK_PCT, whose requests drew CNPs as if
+                          // CE-marked (EngineConfig::rx_mark_pct)
   kCount,
 };
 inline constexpr size_t kNumCtrs = static_cast<size_t>(Ctr::kCount);

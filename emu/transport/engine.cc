@@ -583,6 +583,10 @@ int Engine::drain_locked(int budget) {
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
     if (n > 0) now_cache = 0;
+    // A full batch: more may be queued behind it. Mark it if the queue is past rx_mark_pct.
+    rx_marking_ = n == kRxBatch && cfg_.rx_mark_pct != 0 &&
+                  port_->rx_fill_pct() >= static_cast<int>(cfg_.rx_mark_pct);
+    if (rx_marking_) ctr_.add(Ctr::kRxBacklogMarks);
     if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
         replay_qps_.empty()) {
       // The answer behind the ACK just handled (linger_rx): look again, for at most
@@ -618,6 +622,7 @@ int Engine::drain_locked(int budget) {
       });
     }
     total += n;
+    rx_marking_ = false;
     if (faults) drain_fault_rx_locked();
     scatter_batch.end();
     if (linger_end != 0 && linger_qp_ == nullptr) {  // the answer came (answer_came)

@@ -153,6 +153,14 @@ struct EngineConfig {
   // listen for peers on the abstract socket of the port's first address, and send RC SEND /
   // WRITE payloads as descriptors of the registered pages to a peer that listens too.
   bool one_copy = false;
+  // The receive queue as a congestion point (shim: SOFTRNIC_RX_MARK_PCT). A receive batch that
+  // comes back full looks at the port's fill (Port::rx_fill_pct, a system call); at or above
+  // this percent of what the socket holds before the kernel drops, every RC/UC request of
+  // that batch counts as ECN CE-marked: its QP's requester gets a CNP (note_ce, at most one per
+  // cnp_min_gap_ns) and halves its window. Several QPs into one receiver otherwise fill the
+  // socket with their windows (2 MiB each at 4 KiB): the copy out of a deep queue is slower,
+  // and past the buffer the kernel drops and the QPs go back N. 0 = off (the default here).
+  uint32_t rx_mark_pct = 0;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -414,6 +422,9 @@ class Engine final : public TransportHooks {
   }
   // The receive context's batch (REQUIRES: rx_mu_ held, i.e. inside poll_rx).
   TxBatch& rx_batch() { return *rx_tx_; }
+  // The receive batch being handled found the port's queue at or above rx_mark_pct: its
+  // requests count as CE-marked (REQUIRES: rx_mu_ held).
+  bool rx_marking() const { return rx_marking_; }
   // The calling thread's batch, GSO set up for this engine's port.
   TxBatch& tx_batch() {
     TxBatch& b = tx_batch_for_thread();
@@ -561,6 +572,7 @@ class Engine final : public TransportHooks {
   bool set_rx_watched(bool on);
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
+  bool rx_marking_ = false;                   // rx_mu_: rx_marking()
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)

@@ -217,9 +217,11 @@ void send_ack(Engine& e, Qp& qp, uint8_t syndrome, uint32_t psn) {
   queue_packet(e, qp, f, nullptr, 0);
 }
 
-// A request that arrived with ECN CE (IP TOS & 3 == 3): as a RoCE NIC's notification point
-// (DCQCN), tell the requesting QP with a CNP (opcode 0x81, BECN set, PSN 0, 16 reserved bytes,
-// as ConnectX sends it), at most one per QP per Device::cnp_min_gap_ns (50 µs, DCQCN's N).
+// A request that arrived with ECN CE (IP TOS & 3 == 3), or in a receive batch that found our
+// own receive queue past EngineConfig::rx_mark_pct (Engine::rx_marking): as a RoCE NIC's
+// notification point (DCQCN), tell the requesting QP with a CNP (opcode 0x81, BECN set, PSN
+// 0, 16 reserved bytes, as ConnectX sends it), at most one per QP per Device::cnp_min_gap_ns
+// (50 µs, DCQCN's N).
 // The requester cuts its window (comp.cc, docs/congestion.md §3). RC and UC only: a UD
 // request names no QP to answer, and an XRC target's answers go through the XRC opcodes.
 void note_ce(Engine& e, Qp& qp) {
@@ -1357,7 +1359,7 @@ RespOutcome resp_on_packet(Engine& e, Qp& qp, const wire::PacketView& p, const w
                     p.opcode, k.psn);
     return RespOutcome::kOk;
   }
-  if ((d.tos & 3u) == 3u) note_ce(e, qp);
+  if ((d.tos & 3u) == 3u || e.rx_marking()) note_ce(e, qp);
   if (qp.type() == QpType::kUd) return ud_recv(e, qp, k);
   if (s.replay.active &&
       !((k.mask & wire::kReadMask) && psn_diff(k.psn, s.epsn) < 0) &&

@@ -13,6 +13,12 @@
 //       stack on kernel UDP sockets can send less per message: the ACK is mandatory, and a
 //       GSO send was the cheapest way to send the pair here (2.5 us one way at 64 B; the two
 //       datagrams by one sendmmsg 3.3 us; one 96-byte datagram 2.1 us; docs/bench/README.md).
+//   udp_peer stall SECONDS
+//       the host's own noise: one thread reads CLOCK_MONOTONIC back to back for SECONDS and
+//       prints "stall gaps_1us_per_s gaps_20us_per_s lost_pct": how often it lost the CPU
+//       for 1 us or more (interrupts, the scheduler, a hypervisor), and for 20 us or more,
+//       and the share of the time lost. A ping-pong round trip of T us meets a gap of 20 us
+//       or more with a probability of about 2 T gaps_20us_per_s / 1e6 (two CPUs in the loop).
 //   udp_peer stream server|client PORT SIZE SECONDS [gso]
 //       the client sends SIZE-byte messages (cut into 4 KiB datagrams, one sendmmsg per
 //       message; with gso one sendmsg with UDP_SEGMENT); the server receives with recvmmsg
@@ -270,9 +276,30 @@ int stream(bool server, int port, size_t size, double secs, bool gso) {
 
 }  // namespace
 
+int stall(double secs) {
+  const uint64_t start = now_ns(), end = start + uint64_t(secs * 1e9);
+  uint64_t last = start, gaps1 = 0, gaps20 = 0, lost = 0;
+  for (uint64_t t = now_ns(); t < end; t = now_ns()) {
+    const uint64_t gap = t - last;
+    if (gap >= 1000) {
+      ++gaps1;
+      lost += gap;
+      if (gap >= 20000) ++gaps20;
+    }
+    last = t;
+  }
+  const double s = double(last - start) / 1e9;
+  if (s <= 0) return 1;
+  printf("stall %.0f %.0f %.2f\n", double(gaps1) / s, double(gaps20) / s,
+         100.0 * double(lost) / double(last - start));
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "stall") == 0) return stall(atof(argv[2]));
   if (argc < 6) {
-    fprintf(stderr, "usage: udp_peer pingpong|stream server|client PORT SIZE ITERS|SECONDS [busy|block|roce|gso]\n");
+    fprintf(stderr, "usage: udp_peer pingpong|stream server|client PORT SIZE ITERS|SECONDS "
+                    "[busy|block|roce|gso] | udp_peer stall SECONDS\n");
     return 2;
   }
   bool server = strcmp(argv[2], "server") == 0;

@@ -218,6 +218,79 @@ TEST_F(RespTest, CeMarkedRequestsDrawCnpsAtMostOncePerGap) {
   EXPECT_EQ(qp->state(), QpState::kRts);
 }
 
+// The receive queue as a congestion point (EngineConfig::rx_mark_pct, docs/congestion.md §3):
+// a receive batch that comes back full while the port's queue is at or above the mark counts
+// its requests as CE-marked, so each draws a CNP (cnp_min_gap 0 here: one per request); the
+// batches after it, a queue below the mark, or marking off, draw none. Every WRITE executes.
+struct MarkRun {
+  size_t cnps = 0;        // CNPs the device sent
+  uint64_t marks = 0;     // rx_backlog_marks
+  uint64_t ce = 0;        // ecn_ce_rcvd: a mark is not a CE on the wire
+  bool all_written = false;
+};
+
+MarkRun run_backlog(uint32_t mark_pct, uint32_t writes) {
+  // 64 datagrams a port: the engine's first batch takes 32, and 16 left behind is 25%.
+  wire::MemNetwork net{64};
+  EngineConfig ec;
+  ec.rx_mark_pct = mark_pct;
+  Node s = Node::on_mem(net, "127.0.0.3", false, ErrorsMode::kSpec, 0, ec);
+  Peer p{net, "127.0.0.2", "127.0.0.3"};
+  std::shared_ptr<Qp> qp = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.rq_psn = kEpsn;
+  o.sq_psn = 500;
+  connect_qp(*s.dev, qp, "127.0.0.2", kPeerQpn, o);
+  s.dev->set_cnp_min_gap_ns(0);
+  GuardedBuf target{4096};
+  std::shared_ptr<Mr> mt = s.mr(target.data(), target.n);
+  for (uint32_t i = 0; i < writes; ++i) {
+    wire::PacketFields f;
+    f.opcode = op::kRcRdmaWriteOnly;
+    f.dest_qp = qp->qpn();
+    f.psn = kEpsn + i;
+    f.ack_req = i + 1 == writes;  // one ACK for all
+    f.va = reinterpret_cast<uint64_t>(target.data()) + 4 * i;
+    f.rkey = mt->rkey();
+    f.dma_len = 4;
+    p.send(f, bytes(4, static_cast<uint8_t>(i + 1)));
+  }
+  s.eng->poll_rx();
+  MarkRun r;
+  for (const Captured& c : p.recv_all()) r.cnps += c.opcode() == op::kCnp;
+  r.marks = s.eng->counters().get(Ctr::kRxBacklogMarks);
+  r.ce = s.eng->counters().get(Ctr::kEcnCeRcvd);
+  r.all_written = true;
+  for (uint32_t i = 0; i < writes; ++i)
+    r.all_written = r.all_written && target.data()[4 * i + 3] == static_cast<uint8_t>(i + 1);
+  return r;
+}
+
+TEST(RxMarkTest, AFullBatchWithTheQueuePastTheMarkDrawsCnps) {
+  // 52 queued: the first batch (32) leaves 20 of 64 (31%) behind it: its 32 are marked.
+  MarkRun r = run_backlog(25, 52);
+  EXPECT_EQ(r.cnps, 32u);
+  EXPECT_EQ(r.marks, 1u);
+  EXPECT_EQ(r.ce, 0u);
+  EXPECT_TRUE(r.all_written);
+}
+
+TEST(RxMarkTest, AQueueBelowTheMarkOrMarkingOffDrawsNone) {
+  // 42 queued: 10 of 64 (15%) behind the first batch.
+  MarkRun below = run_backlog(25, 42);
+  EXPECT_EQ(below.cnps, 0u);
+  EXPECT_EQ(below.marks, 0u);
+  EXPECT_TRUE(below.all_written);
+  // The mark at 15%: the same queue is at it.
+  MarkRun at = run_backlog(15, 42);
+  EXPECT_EQ(at.cnps, 32u);
+  EXPECT_EQ(at.marks, 1u);
+  MarkRun off = run_backlog(0, 52);
+  EXPECT_EQ(off.cnps, 0u);
+  EXPECT_EQ(off.marks, 0u);
+  EXPECT_TRUE(off.all_written);
+}
+
 TEST_F(RespTest, AckBeforeNakKeepsPsnOrder) {
   post_rbuf(1);
   // A SEND that is owed an ACK, then a bad WRITE in the same batch: ACK 100, then NAK 101.

@@ -57,6 +57,19 @@ TEST_F(MemPortTest, EmptyRecvReturnsZeroAndFdNotReadable) {
   EXPECT_FALSE(readable(b_->wait_fd()));
 }
 
+TEST_F(MemPortTest, FillIsTheQueuedShareOfTheDepth) {
+  EXPECT_EQ(b_->rx_fill_pct(), 0);
+  std::vector<uint8_t> p(100, 1);
+  for (int i = 0; i < 16; ++i) {
+    TxDesc t{b_->local(), p.data(), uint32_t(p.size()), 0};
+    ASSERT_EQ(a_->send_batch(std::span<const TxDesc>(&t, 1)), 1);
+  }
+  EXPECT_EQ(b_->rx_fill_pct(), 25);  // 16 of 64
+  RxBufs rx(8);
+  ASSERT_EQ(b_->recv_batch(rx.descs), 8);
+  EXPECT_EQ(b_->rx_fill_pct(), 12);  // 8 of 64, rounded down
+}
+
 TEST_F(MemPortTest, BatchDeliveredInOrderWithAddresses) {
   std::vector<std::vector<uint8_t>> pkts;
   std::vector<TxDesc> tx;

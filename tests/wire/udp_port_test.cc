@@ -151,6 +151,37 @@ TEST(UdpPortTest, FullReceiveBufferDropsAreCounted) {
   EXPECT_EQ(got + dropped, uint64_t(kN));
 }
 
+// The kernel's receive-queue fill (SO_MEMINFO rmem_alloc against rcvbuf): 0 when empty,
+// growing with the datagrams queued, 0 again once they are read.
+TEST(UdpPortTest, FillReportsTheReceiveQueue) {
+  UdpPortOptions o;
+  o.bind = ep("127.0.0.3", 0);
+  o.gro = false;
+  o.rcvbuf = 64 << 10;  // the kernel doubles it: 128 KiB
+  int err = 0;
+  auto b = UdpPort::open(o, &err);
+  auto a = open_port("127.0.0.2");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->rx_fill_pct(), 0);
+  constexpr int kN = 20;
+  std::vector<uint8_t> p(1000, 3);
+  for (int i = 0; i < kN; ++i) {
+    TxDesc tx{b->local(), p.data(), uint32_t(p.size()), 0};
+    ASSERT_EQ(a->send_batch(std::span<const TxDesc>(&tx, 1)), 1);
+  }
+  ASSERT_TRUE(readable(b->wait_fd(), 2000));
+  // 20 datagrams of ~2 KiB truesize each in 128 KiB; all queued once the sender's softirq ran.
+  int fill = 0;
+  for (int i = 0; i < 200 && (fill = b->rx_fill_pct()) < 20; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(fill, 20);
+  EXPECT_LE(fill, 100);
+  RxBufs rx(32);
+  std::vector<std::vector<uint8_t>> data;
+  EXPECT_EQ(recv_n(*b, rx, kN, &data).size(), size_t(kN));
+  EXPECT_EQ(b->rx_fill_pct(), 0);
+}
+
 TEST(UdpPortTest, TruncationReported) {
   auto a = open_port("127.0.0.2");
   auto b = open_port("127.0.0.3");
