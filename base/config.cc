@@ -132,10 +132,10 @@ const VarDecl kVars[] = {
      .help = "the receive socket as a congestion point: a receive batch that comes back full "
              "looks at how full the socket is (SO_MEMINFO), and at or above this percent of "
              "its buffer every RC/UC request in that batch draws a CNP to its QP as if ECN "
-             "CE-marked (at most one per QP per 50 us; counter rx_backlog_marks), so QPs "
+             "CE-marked (at most one per QP per 50 us; counter rx_backlog_marks), so RC QPs "
              "sending into one receiver halve their windows before the kernel drops; on 2 "
-             "cores ib_send_bw -q 16 64 KiB: 5-10x fewer kernel drops, +5-10%; 15 gives "
-             "ib_send_bw -q 4 +4-16% but ib_write_bw -q 4 -5% (docs/congestion.md §3; "
+             "cores ib_send_bw -q 16 64 KiB: 5-11x fewer kernel drops, +5-10%; 15 gives "
+             "ib_send_bw -q 4 +4-10% but ib_write_bw -q 4 -5% (docs/congestion.md §3; "
              "0: never)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 100,
      .store = [](Config* c, const VarValue& v) { c->rx_mark_pct = static_cast<uint32_t>(v.u); }},

@@ -314,7 +314,9 @@ class Port {
   // How full the receive queue is: the fullest of the port's unicast sockets, in percent of
   // what it may hold before the kernel drops (rmem_alloc against rcvbuf; a MemPort: queued
   // datagrams against its depth). -1 when the port cannot tell. A system call per socket:
-  // for a receive that found backlog (a full batch), not per packet.
+  // for a receive that found backlog (a full batch), not per packet. The kernel's rmem_alloc
+  // still counts datagrams already read until UDP releases them in a step (up to rcvbuf/4)
+  // or the queue empties: the distance to a drop, not only what is left to read.
   virtual int rx_fill_pct() const { return -1; }
 
   // Installs (or with nullptr removes) the fault hook. The filter must outlive its

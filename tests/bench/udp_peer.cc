@@ -289,7 +289,10 @@ int stall(double secs) {
     last = t;
   }
   const double s = double(last - start) / 1e9;
-  if (s <= 0) return 1;
+  if (s <= 0) {
+    fprintf(stderr, "udp_peer stall: SECONDS must be > 0\n");
+    return 1;
+  }
   printf("stall %.0f %.0f %.2f\n", double(gaps1) / s, double(gaps20) / s,
          100.0 * double(lost) / double(last - start));
   return 0;
