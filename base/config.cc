@@ -127,16 +127,16 @@ const VarDecl kVars[] = {
              "ib_write_lat p99 1.3-2 ms to 65-96 us (docs/progress.md; 0: never)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 100,
      .store = [](Config* c, const VarValue& v) { c->linger_us = static_cast<uint32_t>(v.u); }},
-    {.name = "SOFTRNIC_RX_MARK_PCT", .type = VarType::kU32, .default_text = "`60`",
+    {.name = "SOFTRNIC_RX_MARK_PCT", .type = VarType::kU32, .default_text = "`85`",
      .values = "0..100 (percent)",
      .help = "the receive socket as a congestion point: a receive batch that comes back full "
              "looks at how full the socket is (SO_MEMINFO), and at or above this percent of "
              "its buffer every RC/UC request in that batch draws a CNP to its QP as if ECN "
              "CE-marked (at most one per QP per 50 us; counter rx_backlog_marks), so RC QPs "
              "sending into one receiver halve their windows before the kernel drops; on 2 "
-             "cores ib_send_bw -q 16 64 KiB: 5-11x fewer kernel drops, +5-10%; 15 gives "
-             "ib_send_bw -q 4 +4-10% but ib_write_bw -q 4 -5% (docs/congestion.md §3; "
-             "0: never)",
+             "cores, 64 KiB: ib_send_bw -q 8 and -q 16 3-4x fewer kernel drops and +10-18%, "
+             "ib_write_bw -q 16 4-8x fewer, -q 4 never marked; lower marks cut -q 4 "
+             "ib_write_bw by 2-8% (60) or 5% (15) (docs/congestion.md §3; 0: never)",
      .reader = "shim", .empty_is_error = true, .min = 0, .max = 100,
      .store = [](Config* c, const VarValue& v) { c->rx_mark_pct = static_cast<uint32_t>(v.u); }},
     {.name = "SOFTRNIC_ONE_COPY", .type = VarType::kBool, .default_text = "`0`",

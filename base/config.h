@@ -67,7 +67,7 @@ inline constexpr uint32_t kDefaultTxDefer = 1;
 inline constexpr uint32_t kDefaultAckHoldUs = 50;
 inline constexpr uint32_t kDefaultLingerUs = 5;
 // SOFTRNIC_RX_MARK_PCT default: receive-queue fill (percent) at which requests draw CNPs.
-inline constexpr uint32_t kDefaultRxMarkPct = 60;
+inline constexpr uint32_t kDefaultRxMarkPct = 85;
 
 // Every parsed value. A field is read by the component named in its declaration's reader.
 struct Config {

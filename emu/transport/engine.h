@@ -159,7 +159,8 @@ struct EngineConfig {
   // that batch counts as ECN CE-marked: its QP's requester gets a CNP (note_ce, at most one per
   // cnp_min_gap_ns) and halves its window. Several QPs into one receiver otherwise fill the
   // socket with their windows (2 MiB each at 4 KiB): the copy out of a deep queue is slower,
-  // and past the buffer the kernel drops and the QPs go back N. 0 = off (the default here).
+  // and past the buffer the kernel drops and the QPs go back N. 0 = off (the default here;
+  // the shim's is 85).
   uint32_t rx_mark_pct = 0;
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;

@@ -236,8 +236,8 @@ TEST(Config, LingerIsMicrosecondsUpTo100Default5) {
                  {"101", "-1", "5us", ""});
 }
 
-TEST(Config, RxMarkIsPercentUpTo100Default60) {
-  EXPECT_EQ(Config{}.rx_mark_pct, 60u);
+TEST(Config, RxMarkIsPercentUpTo100Default85) {
+  EXPECT_EQ(Config{}.rx_mark_pct, 85u);
   expect_u32_var("SOFTRNIC_RX_MARK_PCT", &Config::rx_mark_pct, {"0", "1", "25", "100"},
                  {"101", "-1", "25%", ""});
 }
