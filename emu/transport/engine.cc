@@ -583,10 +583,19 @@ int Engine::drain_locked(int budget) {
   while (total < budget) {
     int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
     if (n > 0) now_cache = 0;
-    // A full batch: more may be queued behind it. Mark it if the queue is past rx_mark_pct.
-    rx_marking_ = n == kRxBatch && cfg_.rx_mark_pct != 0 &&
-                  port_->rx_fill_pct() >= static_cast<int>(cfg_.rx_mark_pct);
-    if (rx_marking_) ctr_.add(Ctr::kRxBacklogMarks);
+    // A full batch: more may be queued behind it. Mark it if the queue is past rx_mark_pct,
+    // looked up at most every kFillLookNs (a system call; full batches of small datagrams
+    // from a link without GRO come every few tens of microseconds): a look's verdict holds
+    // for the full batches until the next one.
+    rx_marking_ = false;
+    if (n == kRxBatch && cfg_.rx_mark_pct != 0) {
+      if (const uint64_t now = rx_now(); now >= fill_next_look_ns_) {
+        fill_next_look_ns_ = now + kFillLookNs;
+        fill_over_ = port_->rx_fill_pct() >= static_cast<int>(cfg_.rx_mark_pct);
+      }
+      rx_marking_ = fill_over_;
+      if (rx_marking_) ctr_.add(Ctr::kRxBacklogMarks);
+    }
     if (n <= 0 && linger_qp_ != nullptr && !t_progress_thread && !faults &&
         replay_qps_.empty()) {
       // The answer behind the ACK just handled (linger_rx): look again, for at most

@@ -574,6 +574,11 @@ class Engine final : public TransportHooks {
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
   bool rx_marking_ = false;                   // rx_mu_: rx_marking()
+  // rx_mu_: the last look at the port's fill (EngineConfig::rx_mark_pct): its verdict, and
+  // when the next full batch may look again.
+  static constexpr uint64_t kFillLookNs = 20'000;
+  bool fill_over_ = false;
+  uint64_t fill_next_look_ns_ = 0;
   const Qp* idle_qp_ = nullptr;               // rx_mu_: sq_drained() in this drain, no answer yet
   std::atomic<const Qp*> idle_pending_{nullptr};  // ... at a drain's end (compared, never used)
   std::atomic<uint64_t> lease_end_ns_{0};     // the polls hold receive until then (renewed)
