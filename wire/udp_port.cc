@@ -67,14 +67,18 @@ int ask_pktinfo_if_wildcard(int fd, const Endpoint& bound) {
   return r != 0 ? errno : 0;
 }
 
+// The kernel's memory accounting of fd (SO_MEMINFO) into mi; false if it fails or stops
+// short of entry `need`.
+bool socket_meminfo(int fd, uint32_t (&mi)[SK_MEMINFO_VARS], int need) {
+  socklen_t len = sizeof(mi);
+  return fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mi, &len) == 0 &&
+         len > static_cast<socklen_t>(need * sizeof(uint32_t));
+}
+
 // The kernel's count of datagrams dropped at fd (sk_drops, what SO_RXQ_OVFL reports).
 uint64_t socket_drops(int fd) {
   uint32_t mi[SK_MEMINFO_VARS] = {};
-  socklen_t len = sizeof(mi);
-  if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 ||
-      len <= SK_MEMINFO_DROPS * sizeof(uint32_t))
-    return 0;
-  return mi[SK_MEMINFO_DROPS];
+  return socket_meminfo(fd, mi, SK_MEMINFO_DROPS) ? mi[SK_MEMINFO_DROPS] : 0;
 }
 
 void fill_sockaddr(const Endpoint& e, SockAddr* out, socklen_t* len) {
@@ -592,9 +596,7 @@ int UdpPort::rx_fill_pct() const {
   int pct = -1;
   for (size_t i = 0; i < nsocks_; ++i) {
     uint32_t mi[SK_MEMINFO_VARS] = {};
-    socklen_t len = sizeof(mi);
-    if (getsockopt(socks_[i].fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 ||
-        len <= SK_MEMINFO_RCVBUF * sizeof(uint32_t) || mi[SK_MEMINFO_RCVBUF] == 0)
+    if (!socket_meminfo(socks_[i].fd, mi, SK_MEMINFO_RCVBUF) || mi[SK_MEMINFO_RCVBUF] == 0)
       continue;
     const uint64_t fill = uint64_t{mi[SK_MEMINFO_RMEM_ALLOC]} * 100 / mi[SK_MEMINFO_RCVBUF];
     pct = std::max(pct, static_cast<int>(std::min<uint64_t>(fill, 100)));
