@@ -41,7 +41,8 @@ class TransportHooks {
   // An application thread posted to a send or receive queue (post_send, post_recv, an SRQ's
   // post_recv), whatever the result. Called with no emu lock held, after the queue's own
   // hook: a busy-polling application is in the library here, not away (Engine::on_app_post).
-  virtual void on_app_post() {}
+  // `recv_wr`: the post was of receive WQEs (a QP's or an SRQ's post_recv).
+  virtual void on_app_post(bool recv_wr = false) { (void)recv_wr; }
   // An application thread enters post_send, which may run long (the requester runs inline,
   // or waits for the QP's send lock): the gap since its last call ends here, and on_app_post
   // marks the end of the call (Engine::on_app_enter). No emu lock held.

@@ -656,7 +656,7 @@ Status Qp::queue_send(const SendWr* wrs, int n, int* bad) {
 
 Status Qp::post_recv(const RecvWr* wrs, int n, int* bad) {
   const Status st = queue_recv(wrs, n, bad);
-  if (TransportHooks* h = dev_->hooks()) h->on_app_post();
+  if (TransportHooks* h = dev_->hooks()) h->on_app_post(true);
   return st;
 }
 

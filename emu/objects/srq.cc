@@ -47,7 +47,7 @@ Status Srq::post_recv(const RecvWr* wrs, int n, int* bad) {
   if (bad != nullptr) *bad = i;
   if (TransportHooks* h = dev_->hooks()) {
     if (i > 0) h->on_post_srq_recv(*this);
-    h->on_app_post();
+    h->on_app_post(true);
   }
   return st;
 }

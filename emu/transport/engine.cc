@@ -581,7 +581,9 @@ int Engine::drain_locked(int budget) {
   linger_more_ = false;
   idle_qp_ = nullptr;
   while (total < budget) {
-    int n = port_->recv_batch(std::span<wire::RxDesc>(rx_descs_, kRxBatch));
+    // (A budget below a batch reads that many: kPostRecvRxBudget.)
+    int n = port_->recv_batch(
+        std::span<wire::RxDesc>(rx_descs_, std::min<int>(kRxBatch, budget - total)));
     if (n > 0) now_cache = 0;
     // A full batch: more may be queued behind it. Mark it if the queue is past rx_mark_pct,
     // looked up at most every kFillLookNs (a system call; full batches of small datagrams
@@ -1396,10 +1398,10 @@ bool Engine::lease_holder_waits(uint64_t now_ns, uint64_t lease_end_ns) {
   return true;
 }
 
-void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop) {
+void Engine::receive_for_app(bool owned, uint64_t now_ns, bool in_loop, int budget) {
   if (owned) app_call_since_ns_.store(now_ns, std::memory_order_relaxed);
   const uint64_t held = held_deadline_ns_.load(std::memory_order_relaxed);
-  const int got = try_poll_rx(64);
+  const int got = try_poll_rx(budget);
   // The timers are parked while the polls hold receive (arm_locked): run what fell due.
   bool ran_timers = false;
   if (owned && armed_ns_.load(std::memory_order_acquire) <= now_ns &&
@@ -1436,7 +1438,7 @@ bool Engine::app_post_counts() const {
          busy_poll_allowed();
 }
 
-void Engine::on_app_post() {
+void Engine::on_app_post(bool recv_wr) {
   // A post while the application's polls hold receive (the busy-poll lease): the
   // application is in the library, not away, so the gap to its next empty poll is measured
   // from here. Without this, ib_send_bw's posts (requester runs of megabytes, completions
@@ -1455,6 +1457,13 @@ void Engine::on_app_post() {
   //   lease ran out ~25 times a second. Posts further apart let it run out,
   //   so an application that posts now and then and waits on memory gets the progress
   //   thread back busy_poll_ns after its last empty poll, as before.
+  // - A post_recv's receive takes at most kPostRecvRxBudget datagrams. The application
+  //   thread is its receive queues' only refiller: a receiver reposting after a poll took
+  //   64 datagrams (64 messages of 64 KiB) with each post that came a gap after the last,
+  //   so ib_send_bw -q 4's receiver fed its CQ faster than it reposted. Its four queues of
+  //   512 ran dry together every ~30 ms with ~2,000 completions unpolled: 70-100 RNR NAKs a
+  //   second, each a go-back-N of the QP's window (~100 k packets resent in 3 s). A post_send's
+  //   receive keeps the full budget: its ACKs are what release the sender.
   if (app_call_since_ns_.load(std::memory_order_relaxed) != 0)  // on_app_enter's
     app_call_since_ns_.store(0, std::memory_order_relaxed);
   if (!app_post_counts()) return;
@@ -1466,7 +1475,7 @@ void Engine::on_app_post() {
   if (within_gap(now, last_rx)) return;
   last_app_rx_ns_.store(now, std::memory_order_relaxed);
   ctr_.add(Ctr::kRxOnPost);
-  receive_for_app(true, now, in_loop);
+  receive_for_app(true, now, in_loop, recv_wr ? kPostRecvRxBudget : kAppRxBudget);
 }
 
 void Engine::on_app_enter() {

@@ -401,7 +401,11 @@ class Engine final : public TransportHooks {
   void on_before_destroy(Qp& qp) override;
   void on_destroy(Qp& qp) override;
   void on_after_destroy(Qp& qp) override;
-  void on_app_post() override;
+  void on_app_post(bool recv_wr = false) override;
+  // Datagrams an application's receive takes at most: an empty poll's or a post_send's, and
+  // a post_recv's (a few, not a backlog: on_app_post).
+  static constexpr int kAppRxBudget = 64;
+  static constexpr int kPostRecvRxBudget = 4;
   void on_app_enter() override;
   void on_poll_empty(Cq& cq) override;
   void on_poll_hit(Cq& cq) override;
@@ -495,8 +499,9 @@ class Engine final : public TransportHooks {
   // What an empty poll does for the application: receive (try-lock), and, when its polls
   // hold receive (`owned`), the timers that fell due while they are parked. `in_loop`: the
   // call came within the gap of the last stamp (on_poll_empty, on_app_post); its receive's
-  // end is then the application's last call.
-  void receive_for_app(bool owned, uint64_t now_ns, bool in_loop);
+  // end is then the application's last call. `budget`: datagrams at most.
+  void receive_for_app(bool owned, uint64_t now_ns, bool in_loop, int budget = kAppRxBudget);
+
   void spin_rx();
   bool spare_core(uint64_t now);  // may spin_rx run (progress thread only)
   static constexpr uint64_t kSpareCoreCheckNs = 10'000'000;

@@ -919,6 +919,34 @@ TEST(BusyPollTest, PostsReceiveWhenThePollsStop) {
   EXPECT_EQ(s.ctr(Ctr::kBusyPollLeaseEnded), 0u);
 }
 
+// A post_recv's receive takes a few datagrams, not the backlog (kPostRecvRxBudget): 12
+// WRITEs of b wait in a's socket while a's polls hold receive, and a repost a gap after the
+// last receive takes 1 to 4 of them; the next empty poll takes the rest. With an empty poll's
+// budget, ib_send_bw -q 4's receiver took 64 messages with each repost, fed its CQ faster
+// than it reposted and ran its receive queues dry (RNR NAKs).
+TEST(BusyPollTest, APostRecvReceivesOnlyAFewDatagrams) {
+  HandOffScene s(4'000'000'000u, 5'000'000u);
+  ASSERT_TRUE(s.qa && s.qb);
+  ASSERT_TRUE(s.take());
+  constexpr uint32_t kWrites = 12;
+  for (uint32_t v = 1; v <= kWrites; ++v) ASSERT_TRUE(s.b_post_write(100 + v).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the gap; all sent
+  const uint64_t before = s.ctr(Ctr::kRcvdPkts);
+  const uint64_t on_post = s.ctr(Ctr::kRxOnPost);
+  ASSERT_TRUE(s.repost());
+  ASSERT_EQ(s.ctr(Ctr::kRxOnPost), on_post + 1) << "the repost did not receive";
+  const uint64_t took = s.ctr(Ctr::kRcvdPkts) - before;
+  EXPECT_GE(took, 1u);
+  EXPECT_LE(took, static_cast<uint64_t>(Engine::kPostRecvRxBudget));
+  Cqe c;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (peek_dma(&s.in) != 100 + kWrites && std::chrono::steady_clock::now() < end)
+    s.p.a.rcq->poll(&c, 1);
+  EXPECT_EQ(peek_dma(&s.in), 100 + kWrites);
+  EXPECT_GE(s.ctr(Ctr::kRcvdPkts) - before, kWrites);  // (and b's probes, unanswered 20 ms)
+  EXPECT_EQ(poll_n(*s.p.b.scq, kWrites).size(), kWrites);
+}
+
 // Posts back to back (0.5 ms apart, within the 5 ms gap) renew the polls' lease (20 ms here)
 // as polls would: 60 ms of them and it has not run out. Posts further apart (10 ms) do not:
 // an application that posts now and then and waits on memory gets the progress thread back
