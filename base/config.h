@@ -87,6 +87,7 @@ struct Config {
   uint32_t linger_us = kDefaultLingerUs;     // SOFTRNIC_LINGER_US (shim -> linger_ns)
   bool ack_tail = true;                      // SOFTRNIC_ACK_TAIL (shim -> EngineConfig)
   uint32_t rx_mark_pct = kDefaultRxMarkPct;  // SOFTRNIC_RX_MARK_PCT (shim -> rx_mark_pct)
+  bool window_share = true;                  // SOFTRNIC_WINDOW_SHARE (shim -> EngineConfig)
   bool one_copy = false;                     // SOFTRNIC_ONE_COPY (shim -> EngineConfig)
   LogLevel log = LogLevel::kError;           // SOFTRNIC_LOG (shim, at device open)
   std::string log_file;                      // SOFTRNIC_LOG_FILE, "" = stderr (shim)

@@ -199,6 +199,7 @@ int start_device(Host* h, const DaemonDevice* dd = nullptr, const daemon::Opened
   ec.linger_ns = h->cfg_.linger_us * 1000ull;
   ec.ack_tail = h->cfg_.ack_tail;
   ec.rx_mark_pct = h->cfg_.rx_mark_pct;
+  ec.window_share = h->cfg_.window_share;
   // One copy needs this process's own view of the pages (shadow pinning) and a device of
   // its own: a daemon's device cannot map an application's memfds (docs/daemon.md).
   ec.one_copy = dd == nullptr && h->cfg_.one_copy && h->cfg_.pin != base::PinMode::kDirect;

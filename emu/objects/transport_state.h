@@ -47,6 +47,11 @@ struct MrCache {
 
 struct ReqState {
   bool ready = false;            // set up by the RTS transition (else the requester idles)
+  // The share of the window towards dst this QP may fill (EngineConfig::window_share; the
+  // whole of req.h's kMaxUnackedPsns until its window first fills), and the epoch it was last
+  // counted in (Engine::window_share).
+  uint32_t win_share = 512;
+  uint64_t share_epoch = 0;
   uint32_t psn = 0;              // next PSN to assign (24 bits); rewound by go-back-N
   uint32_t max_psn = 0;          // one past the highest PSN ever sent (never rewound)
   uint32_t pos = 0;              // SQ index (from head) of the WQE being worked on

@@ -684,6 +684,34 @@ int Engine::drain_locked(int budget) {
   return total;  // `events` releases the rest
 }
 
+uint32_t Engine::window_share(const wire::Endpoint& dst, uint64_t* counted_epoch,
+                              uint64_t now_ns) {
+  constexpr uint64_t kCount = (uint64_t{1} << kShareCountBits) - 1;
+  uint64_t h = dst.port;
+  for (uint8_t b : dst.addr) h = h * 131 + b;
+  std::atomic<uint64_t>* slots = share_slots_[(h ^ (h >> 17)) % kShareBuckets];
+  const uint64_t ep = now_ns / cfg_.window_share_epoch_ns;
+  std::atomic<uint64_t>& cur = slots[ep & 1];
+  uint64_t v = cur.load(std::memory_order_relaxed);
+  if (*counted_epoch != ep) {  // this QP's first fill in the epoch: count it
+    *counted_epoch = ep;
+    for (;;) {
+      const uint64_t nv = (v >> kShareCountBits) == ep ? v + 1 : (ep << kShareCountBits) | 1;
+      if (cur.compare_exchange_weak(v, nv, std::memory_order_relaxed)) {
+        v = nv;
+        break;
+      }
+    }
+  }
+  // The larger of this epoch's count and the last's: early in an epoch, the others have not
+  // counted themselves yet.
+  uint64_t n = (v >> kShareCountBits) == ep ? v & kCount : 0;
+  const uint64_t pv = slots[(ep - 1) & 1].load(std::memory_order_relaxed);
+  if ((pv >> kShareCountBits) == ep - 1) n = std::max(n, pv & kCount);
+  if (n <= 1) return kMaxUnackedPsns;
+  return std::max<uint32_t>(kShareFloorPsns, static_cast<uint32_t>(kMaxUnackedPsns / n));
+}
+
 std::shared_ptr<Qp> Engine::rx_find_qp(uint32_t qpn) {
   const uint64_t gen = dev_->qp_table_generation();
   if (gen != rx_qps_gen_) {
@@ -1130,6 +1158,8 @@ void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   r.psn = r.max_psn = qp.attr().sq_psn & wire::kPsnMask;
   qp.comp_.psn = r.psn;
   win_reset(qp.comp_.win, kMaxUnackedPsns);  // full window, no RTT estimate, timers off
+  r.win_share = kMaxUnackedPsns;
+  r.share_epoch = 0;
   r.pos = 0;
   r.pkts_since_ackreq = 0;
   r.rd_atomic_inflight = 0;

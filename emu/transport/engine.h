@@ -162,6 +162,15 @@ struct EngineConfig {
   // and past the buffer the kernel drops and the QPs go back N. 0 = off (the default here;
   // the shim's is 85).
   uint32_t rx_mark_pct = 0;
+  // Window sharing (shim: SOFTRNIC_WINDOW_SHARE). The RC QPs of this device whose windows
+  // fill towards one destination address share kMaxUnackedPsns between them (each at least
+  // kShareFloorPsns): a QP whose window fills counts itself in the destination's epoch of
+  // window_share_epoch_ns and takes kMaxUnackedPsns / (the count of this epoch or the last) as its
+  // cap. One QP keeps the whole window; four into one receiver no longer queue four windows
+  // (8 MiB at 4 KiB) in its socket, where the copy out of a deep queue is slower. Off: each
+  // QP's window is its own (the default here; the shim's is on).
+  bool window_share = false;
+  uint64_t window_share_epoch_ns = 1'000'000;  // (tests make it longer)
   // Socket buffer sizes asked of the UdpPort (best effort).
   int rcvbuf = 8 << 20;
   int sndbuf = 4 << 20;
@@ -430,6 +439,11 @@ class Engine final : public TransportHooks {
   // The receive batch being handled found the port's queue at or above rx_mark_pct: its
   // requests count as CE-marked (REQUIRES: rx_mu_ held).
   bool rx_marking() const { return rx_marking_; }
+  // EngineConfig::window_share: the share of the window of a QP towards `dst` whose window
+  // filled now; counts it once per epoch (*counted_epoch: the last it was counted in). Any
+  // thread (atomics).
+  uint32_t window_share(const wire::Endpoint& dst, uint64_t* counted_epoch, uint64_t now_ns);
+  static constexpr uint32_t kShareFloorPsns = 32;
   // The calling thread's batch, GSO set up for this engine's port.
   TxBatch& tx_batch() {
     TxBatch& b = tx_batch_for_thread();
@@ -579,6 +593,12 @@ class Engine final : public TransportHooks {
   const Qp* linger_qp_ = nullptr;             // rx_mu_: linger_rx() in this batch, for it
   bool linger_more_ = false;                  // rx_mu_: part of its answer came (answer_came)
   bool rx_marking_ = false;                   // rx_mu_: rx_marking()
+  // window_share: per destination bucket (a hash of its address; two destinations in one
+  // bucket share as one), the QPs counted in the current and the last epoch, each slot
+  // (epoch << kShareCountBits) | count.
+  static constexpr uint32_t kShareBuckets = 64;
+  static constexpr int kShareCountBits = 20;
+  std::atomic<uint64_t> share_slots_[kShareBuckets][2] = {};
   // rx_mu_: the last look at the port's fill (EngineConfig::rx_mark_pct): its verdict, and
   // when the next full batch may look again.
   static constexpr uint64_t kFillLookNs = 20'000;

@@ -369,12 +369,19 @@ struct ReqPkt {
 
 // RC window: at most cwnd (1..kMaxUnackedPsns, window.h) PSNs past the oldest unacknowledged
 // one.
-bool window_full(const ReqRun& x) {
-  return x.rc && psn_diff(x.r.psn, x.c.psn) >= static_cast<int32_t>(x.c.win.cwnd);
+// With EngineConfig::window_share, also at most the QP's share of the window towards its
+// destination, taken afresh each time the window fills (Engine::window_share).
+bool window_full(ReqRun& x) {
+  if (!x.rc) return false;
+  const int32_t out = psn_diff(x.r.psn, x.c.psn);
+  if (out < static_cast<int32_t>(std::min(x.c.win.cwnd, x.r.win_share))) return false;
+  if (!x.e.config().window_share) return true;
+  x.r.win_share = x.e.window_share(x.r.dst, &x.r.share_epoch, x.now());
+  return out >= static_cast<int32_t>(std::min(x.c.win.cwnd, x.r.win_share));
 }
 
 // Fence and initiator depth (and the window): may WQE w, with facts m, start now?
-bool can_start(const ReqRun& x, const SendWqe& w, uint32_t m) {
+bool can_start(ReqRun& x, const SendWqe& w, uint32_t m) {
   // Fence: wait until every earlier READ/ATOMIC has completed (IBA 10.8.3.3).
   if ((w.send_flags & kSendFence) && x.r.rd_atomic_inflight > 0) return false;
   if ((m & kWrRdAtomicMask) && x.r.rd_atomic_inflight >= x.r.max_rd_atomic) return false;

@@ -242,6 +242,15 @@ TEST(Config, RxMarkIsPercentUpTo100Default85) {
                  {"101", "-1", "25%", ""});
 }
 
+TEST(Config, WindowShareIsABooleanOnByDefault) {
+  EXPECT_TRUE(Config{}.window_share);
+  Config c;
+  ASSERT_EQ(parse({{"SOFTRNIC_WINDOW_SHARE", "0"}}, &c), "");
+  EXPECT_FALSE(c.window_share);
+  Config d;
+  EXPECT_NE(parse({{"SOFTRNIC_WINDOW_SHARE", "2"}}, &d), "");
+}
+
 TEST(Config, OneCopyIsABooleanOffByDefault) {
   EXPECT_FALSE(Config{}.one_copy);
   Config c;

@@ -459,6 +459,68 @@ TEST_F(ReqTest, WindowStopsAtMaxUnackedPsns) {
   EXPECT_EQ(drain_cq(*s.scq).size(), 4u);
 }
 
+// Window sharing (EngineConfig::window_share), one epoch long enough for a test.
+EngineConfig share_config() {
+  EngineConfig ec;
+  ec.window_share = true;
+  ec.window_share_epoch_ns = 3'600'000'000'000ull;
+  return ec;
+}
+
+class ShareTest : public ReqPeerFixture {
+ protected:
+  ShareTest() : ReqPeerFixture(2 << 20, share_config()) {}
+};
+
+// The share, counted per destination and epoch: one QP whose window fills keeps the whole
+// window; n of them towards one destination get kMaxUnackedPsns / n (counted once each per
+// epoch, at least kShareFloorPsns); another destination counts apart; the last epoch's count
+// holds through the next, and is gone after it.
+TEST_F(ShareTest, ShareIsTheWindowOverTheQpsWhoseWindowsFill) {
+  Engine& e = *s.eng;
+  wire::Endpoint a, b;
+  a.addr[15] = 2;
+  b.addr[15] = 9;
+  a.port = b.port = 4791;
+  const uint64_t ep = 3'600'000'000'000ull;
+  const uint64_t t = 5 * ep;
+  uint64_t c[8] = {};
+  EXPECT_EQ(e.window_share(a, &c[0], t), kMaxUnackedPsns);
+  EXPECT_EQ(e.window_share(a, &c[1], t), kMaxUnackedPsns / 2);
+  EXPECT_EQ(e.window_share(a, &c[0], t + 1), kMaxUnackedPsns / 2);  // counted once
+  EXPECT_EQ(e.window_share(a, &c[2], t), kMaxUnackedPsns / 3);
+  EXPECT_EQ(e.window_share(a, &c[3], t), kMaxUnackedPsns / 4);
+  EXPECT_EQ(e.window_share(b, &c[4], t), kMaxUnackedPsns);  // another destination
+  EXPECT_EQ(e.window_share(a, &c[0], t + ep), kMaxUnackedPsns / 4);  // the last epoch's 4
+  EXPECT_EQ(e.window_share(a, &c[0], t + 2 * ep), kMaxUnackedPsns);  // the last epoch's 1
+  uint64_t many[100] = {};
+  uint32_t last = 0;
+  for (uint64_t& m : many) last = e.window_share(b, &m, t + 10 * ep);
+  EXPECT_EQ(last, Engine::kShareFloorPsns);
+}
+
+// Two QPs whose windows fill towards one peer: each first fills the whole window (a share is
+// taken when the window fills), then keeps to half of it. Without sharing, qp's second refill
+// would be 300 packets, not 44.
+TEST_F(ShareTest, TwoQpsIntoOnePeerShareTheWindow) {
+  auto qp2 = s.qp(QpType::kRc);
+  ConnOpts o;
+  o.sq_psn = kSpsn;
+  o.rq_psn = 1;
+  connect_qp(*s.dev, qp2, "127.0.0.2", kPeerQpn + 1, o);
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 1500 * 1024).is_ok());
+  EXPECT_EQ(sent().size(), kMaxUnackedPsns);  // alone: the whole window
+  Wr w = send_wr(WrOpcode::kRdmaWrite, 2, {sge(buf.data(), 1500 * 1024, mb)});
+  w.rdma.remote_addr = kRemoteVa;
+  w.rdma.rkey = kRkey;
+  ASSERT_TRUE(post(qp2, w).is_ok());
+  EXPECT_EQ(sent().size(), kMaxUnackedPsns);  // filled before it counted; now two share
+  ack(kSpsn + 299);
+  EXPECT_EQ(sent().size(), 300u);  // qp refills to its old share, and takes the new one there
+  ack(kSpsn + 599);
+  EXPECT_EQ(sent().size(), kMaxUnackedPsns / 2 - 212);  // 812 sent, 600 acknowledged
+}
+
 TEST_F(ReqTest, LocalInvalidateWaitsForEarlierWqes) {
   auto mw = *s.dev->alloc_mw(s.pd, MwType::kType2);
   GuardedBuf win(256);
