@@ -50,8 +50,9 @@ struct ReqState {
   // The share of the window towards dst this QP may fill (EngineConfig::window_share; the
   // whole of req.h's kMaxUnackedPsns until its window first fills), and the epoch it was last
   // counted in (Engine::window_share).
-  uint32_t win_share = 512;
-  uint64_t share_epoch = 0;
+  static constexpr uint32_t kFullShare = 512;  // req.h kMaxUnackedPsns (engine.cc asserts)
+  uint32_t win_share = kFullShare;
+  uint64_t share_epoch = UINT64_MAX;  // never
   uint32_t psn = 0;              // next PSN to assign (24 bits); rewound by go-back-N
   uint32_t max_psn = 0;          // one past the highest PSN ever sent (never rewound)
   uint32_t pos = 0;              // SQ index (from head) of the WQE being worked on

@@ -684,18 +684,22 @@ int Engine::drain_locked(int budget) {
   return total;  // `events` releases the rest
 }
 
+static_assert(ReqState::kFullShare == kMaxUnackedPsns);
+
 uint32_t Engine::window_share(const wire::Endpoint& dst, uint64_t* counted_epoch,
                               uint64_t now_ns) {
   constexpr uint64_t kCount = (uint64_t{1} << kShareCountBits) - 1;
   uint64_t h = dst.port;
   for (uint8_t b : dst.addr) h = h * 131 + b;
   std::atomic<uint64_t>* slots = share_slots_[(h ^ (h >> 17)) % kShareBuckets];
-  const uint64_t ep = now_ns / cfg_.window_share_epoch_ns;
+  const uint64_t ep = now_ns / std::max<uint64_t>(cfg_.window_share_epoch_ns, 1);
   std::atomic<uint64_t>& cur = slots[ep & 1];
   uint64_t v = cur.load(std::memory_order_relaxed);
   if (*counted_epoch != ep) {  // this QP's first fill in the epoch: count it
     *counted_epoch = ep;
-    for (;;) {
+    // A slot of an older epoch starts afresh; one of a newer epoch (this clock reading is
+    // stale: the thread waited) is left alone.
+    while ((v >> kShareCountBits) <= ep) {
       const uint64_t nv = (v >> kShareCountBits) == ep ? v + 1 : (ep << kShareCountBits) | 1;
       if (cur.compare_exchange_weak(v, nv, std::memory_order_relaxed)) {
         v = nv;
@@ -1159,7 +1163,7 @@ void start_requester(Qp& qp, uint32_t mtu, const wire::Endpoint& local,
   qp.comp_.psn = r.psn;
   win_reset(qp.comp_.win, kMaxUnackedPsns);  // full window, no RTT estimate, timers off
   r.win_share = kMaxUnackedPsns;
-  r.share_epoch = 0;
+  r.share_epoch = UINT64_MAX;  // never counted
   r.pos = 0;
   r.pkts_since_ackreq = 0;
   r.rd_atomic_inflight = 0;
@@ -1491,7 +1495,7 @@ void Engine::on_app_post(bool recv_wr) {
   //   thread is its receive queues' only refiller: a receiver reposting after a poll took
   //   64 datagrams (64 messages of 64 KiB) with each post that came a gap after the last,
   //   so ib_send_bw -q 4's receiver fed its CQ faster than it reposted. Its four queues of
-  //   512 ran dry together every ~30 ms with ~2,000 completions unpolled: 70-100 RNR NAKs a
+  //   512 ran dry together every ~30 ms with ~2,000 completions unpolled: 80-100 RNR NAKs a
   //   second, each a go-back-N of the QP's window (~100 k packets resent in 3 s). A post_send's
   //   receive keeps the full budget: its ACKs are what release the sender.
   if (app_call_since_ns_.load(std::memory_order_relaxed) != 0)  // on_app_enter's

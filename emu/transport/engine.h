@@ -440,8 +440,9 @@ class Engine final : public TransportHooks {
   // requests count as CE-marked (REQUIRES: rx_mu_ held).
   bool rx_marking() const { return rx_marking_; }
   // EngineConfig::window_share: the share of the window of a QP towards `dst` whose window
-  // filled now; counts it once per epoch (*counted_epoch: the last it was counted in). Any
-  // thread (atomics).
+  // filled now; counts it once per epoch (*counted_epoch: the last it was counted in,
+  // UINT64_MAX never). REQUIRES: the QP's send lock (for *counted_epoch); the counts are
+  // atomics.
   uint32_t window_share(const wire::Endpoint& dst, uint64_t* counted_epoch, uint64_t now_ns);
   static constexpr uint32_t kShareFloorPsns = 32;
   // The calling thread's batch, GSO set up for this engine's port.

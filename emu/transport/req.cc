@@ -370,12 +370,13 @@ struct ReqPkt {
 // RC window: at most cwnd (1..kMaxUnackedPsns, window.h) PSNs past the oldest unacknowledged
 // one.
 // With EngineConfig::window_share, also at most the QP's share of the window towards its
-// destination, taken afresh each time the window fills (Engine::window_share).
+// destination, taken afresh each time the share is what fills it (Engine::window_share). A
+// QP that cwnd holds back (a CNP, a loss, a timeout) is not counted as a sender.
 bool window_full(ReqRun& x) {
   if (!x.rc) return false;
   const int32_t out = psn_diff(x.r.psn, x.c.psn);
   if (out < static_cast<int32_t>(std::min(x.c.win.cwnd, x.r.win_share))) return false;
-  if (!x.e.config().window_share) return true;
+  if (!x.e.config().window_share || out < static_cast<int32_t>(x.r.win_share)) return true;
   x.r.win_share = x.e.window_share(x.r.dst, &x.r.share_epoch, x.now());
   return out >= static_cast<int32_t>(std::min(x.c.win.cwnd, x.r.win_share));
 }
@@ -512,7 +513,8 @@ void fill_data(const ReqRun& x, const SendWqe& w, uint32_t m, ReqPkt& k) {
     k.f.src_qp = x.qp.qpn();
   }
   if (x.rc)
-    k.f.ack_req = last || r.pkts_since_ackreq + 1 >= win_ackreq_every(x.c.win, kMaxPktsPerAck);
+    k.f.ack_req = last || r.pkts_since_ackreq + 1 >=
+                              win_ackreq_every(x.c.win, kMaxPktsPerAck, r.win_share);
 }
 
 // Step 2: the header fields of w's next packet.

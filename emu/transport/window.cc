@@ -99,8 +99,8 @@ uint64_t win_pto_ns(const SendWindow& w) {
   return std::clamp(w.srtt_ns + 2 * w.rttvar_ns, kMinProbeNs, kMaxProbeNs);
 }
 
-uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack) {
-  return std::clamp<uint32_t>(w.cwnd / 4, 1, max_per_ack);
+uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack, uint32_t share) {
+  return std::clamp<uint32_t>(std::min(w.cwnd, share) / 4, 1, max_per_ack);
 }
 
 }  // namespace rnic::emu

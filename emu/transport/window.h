@@ -65,6 +65,8 @@ uint64_t win_pto_ns(const SendWindow& w);
 
 // AckReq spacing: every min(kMaxPktsPerAck, cwnd / 4) packets (at least every packet), so a
 // small window is acknowledged several times before it fills (one lost ACK does not stall it).
-uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack);
+// `share`: a cap under cwnd (EngineConfig::window_share); the spacing is from the smaller.
+uint32_t win_ackreq_every(const SendWindow& w, uint32_t max_per_ack,
+                          uint32_t share = UINT32_MAX);
 
 }  // namespace rnic::emu

@@ -484,7 +484,8 @@ TEST_F(ShareTest, ShareIsTheWindowOverTheQpsWhoseWindowsFill) {
   a.port = b.port = 4791;
   const uint64_t ep = 3'600'000'000'000ull;
   const uint64_t t = 5 * ep;
-  uint64_t c[8] = {};
+  uint64_t c[8];
+  std::fill(std::begin(c), std::end(c), UINT64_MAX);  // never counted
   EXPECT_EQ(e.window_share(a, &c[0], t), kMaxUnackedPsns);
   EXPECT_EQ(e.window_share(a, &c[1], t), kMaxUnackedPsns / 2);
   EXPECT_EQ(e.window_share(a, &c[0], t + 1), kMaxUnackedPsns / 2);  // counted once
@@ -493,10 +494,39 @@ TEST_F(ShareTest, ShareIsTheWindowOverTheQpsWhoseWindowsFill) {
   EXPECT_EQ(e.window_share(b, &c[4], t), kMaxUnackedPsns);  // another destination
   EXPECT_EQ(e.window_share(a, &c[0], t + ep), kMaxUnackedPsns / 4);  // the last epoch's 4
   EXPECT_EQ(e.window_share(a, &c[0], t + 2 * ep), kMaxUnackedPsns);  // the last epoch's 1
-  uint64_t many[100] = {};
+  uint64_t many[100];
+  std::fill(std::begin(many), std::end(many), UINT64_MAX);
   uint32_t last = 0;
   for (uint64_t& m : many) last = e.window_share(b, &m, t + 10 * ep);
   EXPECT_EQ(last, Engine::kShareFloorPsns);
+  // Epoch 0 (a host up for less than an epoch) counts as any other.
+  wire::Endpoint z;
+  z.addr[15] = 77;
+  EXPECT_EQ(e.window_share(z, &c[5], 0), kMaxUnackedPsns);
+  EXPECT_EQ(e.window_share(z, &c[6], 1), kMaxUnackedPsns / 2);
+  // A stale reading (epoch 5, after the slot it shares with epoch 7 moved on) leaves the
+  // newer epoch's count alone: a second QP of epoch 7 still finds the first.
+  EXPECT_EQ(e.window_share(a, &c[7], t + 2 * ep + 5), kMaxUnackedPsns / 2);  // c[0] and c[7]
+  uint64_t stale = UINT64_MAX, late = UINT64_MAX;
+  (void)e.window_share(a, &stale, t);
+  EXPECT_EQ(e.window_share(a, &late, t + 2 * ep + 9), kMaxUnackedPsns / 3);
+}
+
+// A share at the floor is asked for ACKs as often as a window of its size (every 8 packets),
+// not as cwnd's 512 would be (every 64: a 32-packet window would wait for the probe timer).
+TEST_F(ShareTest, AShareAtTheFloorAsksForAcksWithinIt) {
+  uint64_t others[16];
+  std::fill(std::begin(others), std::end(others), UINT64_MAX);
+  const uint64_t now = wire::monotonic_ns();
+  for (uint64_t& o : others) (void)s.eng->window_share(qp->req_.dst, &o, now);
+  ASSERT_TRUE(post_op(WrOpcode::kRdmaWrite, 1, 1500 * 1024).is_ok());
+  EXPECT_EQ(sent().size(), kMaxUnackedPsns);  // the first fill: the whole window
+  ack(kSpsn + kMaxUnackedPsns - 1);
+  auto out = sent();
+  ASSERT_EQ(out.size(), Engine::kShareFloorPsns);
+  int reqs = 0;
+  for (const Captured& k : out) reqs += k.f.ack_req ? 1 : 0;
+  EXPECT_EQ(reqs, 4);
 }
 
 // Two QPs whose windows fill towards one peer: each first fills the whole window (a share is
